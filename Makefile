@@ -1,0 +1,45 @@
+# tdfunc developer commands. Every target sets up .venv on first use (reused afterwards).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH  := torch==2.13.0
+STAMP  := $(VENV)/.installed-test
+BSTAMP := $(VENV)/.installed-bench
+
+.PHONY: setup setup-bench test demo bench bench-quick lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[test,lint,progress]' $(TORCH)
+	touch $@
+
+$(BSTAMP): $(STAMP)
+	$(PIP) install -q -e '.[test,bench,lint,progress]' $(TORCH)
+	touch $@
+
+setup: $(STAMP)
+
+setup-bench: $(BSTAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+demo: $(STAMP)
+	@set -e; for f in examples/*.py; do echo "== $$f"; $(PY) $$f; done
+
+bench: $(BSTAMP)
+	$(PY) -m compile_benchmarks.run --full
+
+bench-quick: $(BSTAMP)
+	$(PY) -m compile_benchmarks.run --quick
+
+lint: $(STAMP)
+	$(PY) -m ruff check tdfunc tests examples compile_benchmarks
+	$(PY) -m ruff format --check tdfunc tests examples compile_benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .benchmarks

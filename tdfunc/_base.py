@@ -1,0 +1,412 @@
+"""``TensorTree``: the methods shared by TensorDict and tensorclasses.
+
+Every method is one line of sugar over a pure function of :mod:`tdfunc._ops`.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+from . import _errors as E
+from . import _ops as ops
+from ._tree import KeyPath, Node, leaves
+
+T = TypeVar("T", bound="TensorTree")
+
+
+class TensorTree(Node):
+    """Base class of :class:`tdfunc.TensorDict` and ``@tdfunc.tensorclass`` types.
+
+    It holds the batch size and device; subclasses hold the children.
+    """
+
+    __slots__ = ("_batch_size", "_device")
+
+    # ---------------------------------------------------------------- attributes
+    @property
+    def batch_size(self) -> torch.Size:
+        """The leading dims shared by every leaf."""
+        return self._batch_size
+
+    @property
+    def shape(self) -> torch.Size:
+        """Alias of :attr:`batch_size`."""
+        return self._batch_size
+
+    @property
+    def batch_dims(self) -> int:
+        """Number of batch dims."""
+        return len(self._batch_size)
+
+    @property
+    def ndim(self) -> int:
+        """Number of batch dims (alias of :attr:`batch_dims`)."""
+        return len(self._batch_size)
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device every leaf lives on, or None when not fixed."""
+        return self._device
+
+    def numel(self) -> int:
+        """Product of the batch size."""
+        n = 1
+        for s in self._batch_size:
+            n = n * s
+        return n
+
+    def dim(self) -> int:
+        """Number of batch dims."""
+        return len(self._batch_size)
+
+    def size(self, dim: int | None = None) -> Any:
+        """The batch size, or one of its dims."""
+        return self._batch_size if dim is None else self._batch_size[dim]
+
+    def __len__(self) -> int:
+        return self._batch_size[0] if self._batch_size else 0
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self._batch_size:
+            raise TypeError(f"iteration over a {type(self).__name__} with batch_size=() is not defined")
+        return iter(ops.unbind(self, 0))
+
+    def __bool__(self) -> bool:
+        raise RuntimeError(E.BOOL_AMBIGUOUS.format(cls=type(self).__name__))
+
+    # ---------------------------------------------------------------- immutability
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise TypeError(
+            E.MUTATION.format(
+                cls=type(self).__name__, what=f"setting attribute {name!r}",
+                hint=f"td.replace({name}=...) or td.set({name!r}, ...)",
+            )
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise TypeError(
+            E.MUTATION.format(
+                cls=type(self).__name__, what=f"deleting attribute {name!r}",
+                hint=f"td.exclude({name!r})",
+            )
+        )
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if isinstance(key, str) or (isinstance(key, tuple) and key and all(isinstance(k, str) for k in key)):
+            hint = f"td = td.set({key!r}, value)"
+        else:
+            hint = "td = td.at[index].set(value)"
+        raise TypeError(
+            E.MUTATION.format(cls=type(self).__name__, what="item assignment", hint=hint)
+        )
+
+    def __delitem__(self, key: Any) -> None:
+        raise TypeError(
+            E.MUTATION.format(
+                cls=type(self).__name__, what="item deletion", hint=f"td = td.exclude({key!r})"
+            )
+        )
+
+    __hash__ = object.__hash__
+
+    # ---------------------------------------------------------------- indexing
+    def _index(self: T, idx: Any) -> T:
+        return ops.index(self, idx)
+
+    @property
+    def at(self) -> ops.AtIndexer:
+        """Out-of-place indexed updates: ``td.at[idx].set(value)`` / ``.add(value)``."""
+        return ops.AtIndexer(self)
+
+    # ---------------------------------------------------------------- shape
+    def reshape(self: T, *shape: Any) -> T:
+        """Reshape the batch dims. See :func:`tdfunc._ops.reshape`."""
+        return ops.reshape(self, *shape)
+
+    def view(self: T, *shape: Any) -> T:
+        """View the batch dims with a new shape."""
+        return ops.view(self, *shape)
+
+    def permute(self: T, *dims: Any) -> T:
+        """Permute the batch dims."""
+        return ops.permute(self, *dims)
+
+    def transpose(self: T, dim0: int, dim1: int) -> T:
+        """Swap two batch dims."""
+        return ops.transpose(self, dim0, dim1)
+
+    def squeeze(self: T, dim: int | None = None) -> T:
+        """Remove batch dims of size 1."""
+        return ops.squeeze(self, dim)
+
+    def unsqueeze(self: T, dim: int) -> T:
+        """Insert a batch dim of size 1."""
+        return ops.unsqueeze(self, dim)
+
+    def flatten(self: T, start_dim: int = 0, end_dim: int = -1) -> T:
+        """Flatten a range of batch dims."""
+        return ops.flatten(self, start_dim, end_dim)
+
+    def unflatten(self: T, dim: int, sizes: Sequence[int]) -> T:
+        """Split one batch dim into several."""
+        return ops.unflatten(self, dim, sizes)
+
+    def expand(self: T, *shape: Any) -> T:
+        """Expand the batch dims."""
+        return ops.expand(self, *shape)
+
+    # ---------------------------------------------------------------- combination
+    def unbind(self: T, dim: int = 0) -> tuple[T, ...]:
+        """Split along a batch dim into a tuple."""
+        return ops.unbind(self, dim)
+
+    def split(self: T, split_size: int | Sequence[int], dim: int = 0) -> tuple[T, ...]:
+        """Split along a batch dim into pieces of ``split_size`` (or the given sizes)."""
+        return ops.split(self, split_size, dim)
+
+    def chunk(self: T, chunks: int, dim: int = 0) -> tuple[T, ...]:
+        """Split along a batch dim into ``chunks`` pieces."""
+        return ops.chunk(self, chunks, dim)
+
+    # ---------------------------------------------------------------- transforms
+    def apply(self: T, fn: Callable[..., Tensor], *others: Any, batch_size: Sequence[int] | None = None) -> T:
+        """``fn`` on every leaf (zipped with the leaves of ``others``)."""
+        return ops.apply(self, fn, *others, batch_size=batch_size)
+
+    def named_apply(self: T, fn: Callable[[KeyPath, Tensor], Tensor]) -> T:
+        """``fn(key_path, leaf)`` on every leaf."""
+        return ops.named_apply(self, fn)
+
+    def to(self: T, *args: Any, **kwargs: Any) -> T:
+        """Move / cast every leaf (``td.to("cpu")``, ``td.to(torch.float64)``)."""
+        return ops.to(self, *args, **kwargs)
+
+    def clone(self: T) -> T:
+        """A copy with cloned leaves."""
+        return ops.clone(self)
+
+    def detach(self: T) -> T:
+        """Leaves detached from autograd."""
+        return ops.detach(self)
+
+    def contiguous(self: T) -> T:
+        """Contiguous leaves."""
+        return ops.contiguous(self)
+
+    def consolidate(self: T) -> T:
+        """A copy whose leaves are views into one flat buffer."""
+        return ops.consolidate(self)
+
+    def float(self: T) -> T:
+        """Cast leaves to float32."""
+        return ops.to(self, torch.float32)
+
+    def double(self: T) -> T:
+        """Cast leaves to float64."""
+        return ops.to(self, torch.float64)
+
+    def cpu(self: T) -> T:
+        """Move leaves to the CPU."""
+        return ops.to(self, "cpu")
+
+    def leaves(self) -> list[Tensor]:
+        """All tensor leaves, depth first."""
+        return leaves(self)
+
+    # ---------------------------------------------------------------- arithmetic
+    def __add__(self: T, other: Any) -> T:
+        return _binop(operator.add, self, other)
+
+    def __radd__(self: T, other: Any) -> T:
+        return _binop(operator.add, other, self)
+
+    def __sub__(self: T, other: Any) -> T:
+        return _binop(operator.sub, self, other)
+
+    def __rsub__(self: T, other: Any) -> T:
+        return _binop(operator.sub, other, self)
+
+    def __mul__(self: T, other: Any) -> T:
+        return _binop(operator.mul, self, other)
+
+    def __rmul__(self: T, other: Any) -> T:
+        return _binop(operator.mul, other, self)
+
+    def __truediv__(self: T, other: Any) -> T:
+        return _binop(operator.truediv, self, other)
+
+    def __rtruediv__(self: T, other: Any) -> T:
+        return _binop(operator.truediv, other, self)
+
+    def __floordiv__(self: T, other: Any) -> T:
+        return _binop(operator.floordiv, self, other)
+
+    def __rfloordiv__(self: T, other: Any) -> T:
+        return _binop(operator.floordiv, other, self)
+
+    def __mod__(self: T, other: Any) -> T:
+        return _binop(operator.mod, self, other)
+
+    def __rmod__(self: T, other: Any) -> T:
+        return _binop(operator.mod, other, self)
+
+    def __pow__(self: T, other: Any) -> T:
+        return _binop(operator.pow, self, other)
+
+    def __rpow__(self: T, other: Any) -> T:
+        return _binop(operator.pow, other, self)
+
+    def __and__(self: T, other: Any) -> T:
+        return _binop(operator.and_, self, other)
+
+    def __or__(self: T, other: Any) -> T:
+        return _binop(operator.or_, self, other)
+
+    def __xor__(self: T, other: Any) -> T:
+        return _binop(operator.xor, self, other)
+
+    def __eq__(self: T, other: Any) -> T:  # type: ignore[override]
+        return _binop(operator.eq, self, other)
+
+    def __ne__(self: T, other: Any) -> T:  # type: ignore[override]
+        return _binop(operator.ne, self, other)
+
+    def __lt__(self: T, other: Any) -> T:
+        return _binop(operator.lt, self, other)
+
+    def __le__(self: T, other: Any) -> T:
+        return _binop(operator.le, self, other)
+
+    def __gt__(self: T, other: Any) -> T:
+        return _binop(operator.gt, self, other)
+
+    def __ge__(self: T, other: Any) -> T:
+        return _binop(operator.ge, self, other)
+
+    def __neg__(self: T) -> T:
+        return ops.unary(operator.neg, self)
+
+    def __abs__(self: T) -> T:
+        return ops.unary(operator.abs, self)
+
+    def __invert__(self: T) -> T:
+        return ops.unary(operator.invert, self)
+
+    def abs(self: T) -> T:
+        """Elementwise absolute value."""
+        return ops.unary(torch.abs, self)
+
+    # ---------------------------------------------------------------- reductions
+    def sum(self: T, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> T:
+        """Sum over batch dims ``dim`` (or each whole leaf when ``dim=None``)."""
+        return ops.reduce(self, "sum", dim, keepdim, **kwargs)
+
+    def mean(self: T, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> T:
+        """Mean over batch dims ``dim`` (or each whole leaf)."""
+        return ops.reduce(self, "mean", dim, keepdim, **kwargs)
+
+    def prod(self: T, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> T:
+        """Product over batch dims ``dim`` (or each whole leaf)."""
+        return ops.reduce(self, "prod", dim, keepdim, **kwargs)
+
+    def amax(self: T, dim: Any = None, keepdim: bool = False) -> T:
+        """Maximum over batch dims ``dim`` (or each whole leaf)."""
+        return ops.reduce(self, "amax", dim, keepdim)
+
+    def amin(self: T, dim: Any = None, keepdim: bool = False) -> T:
+        """Minimum over batch dims ``dim`` (or each whole leaf)."""
+        return ops.reduce(self, "amin", dim, keepdim)
+
+    def std(self: T, dim: Any = None, keepdim: bool = False, *, correction: int = 1) -> T:
+        """Standard deviation over batch dims ``dim`` (or each whole leaf)."""
+        return ops.reduce(self, "std", dim, keepdim, correction=correction)
+
+    def var(self: T, dim: Any = None, keepdim: bool = False, *, correction: int = 1) -> T:
+        """Variance over batch dims ``dim`` (or each whole leaf)."""
+        return ops.reduce(self, "var", dim, keepdim, correction=correction)
+
+    def all(self, dim: Any = None) -> Any:
+        """0-d bool tensor (never a Python bool); a container when ``dim`` is given."""
+        return ops.all_(self, dim)
+
+    def any(self, dim: Any = None) -> Any:
+        """0-d bool tensor (never a Python bool); a container when ``dim`` is given."""
+        return ops.any_(self, dim)
+
+    # ---------------------------------------------------------------- torch functions
+    @classmethod
+    def __torch_function__(
+        cls, func: Callable[..., Any], types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        impl = _TORCH_FUNCTIONS.get(func)
+        if impl is not None:
+            return impl(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if name in _ELEMENTWISE:
+            return ops.elementwise(func, args, kwargs)
+        return NotImplemented
+
+
+_SUPPORTED = (Tensor, int, float, bool, complex)
+
+
+def _binop(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
+    if not (isinstance(a, (TensorTree, *_SUPPORTED)) and isinstance(b, (TensorTree, *_SUPPORTED))):
+        a, b = ops.as_operand(a), ops.as_operand(b)
+        if not (isinstance(a, (TensorTree, *_SUPPORTED)) and isinstance(b, (TensorTree, *_SUPPORTED))):
+            return NotImplemented
+    return ops.binary(op, a, b)
+
+
+def _split(x: Any, split_size: Any, dim: int = 0) -> Any:
+    return ops.split(x, split_size, dim)
+
+
+def _reducer(name: str) -> Callable[..., Any]:
+    def f(x: Any, dim: Any = None, keepdim: bool = False, **kw: Any) -> Any:
+        return ops.reduce(x, name, dim, keepdim, **kw)
+
+    return f
+
+
+_TORCH_FUNCTIONS: dict[Any, Callable[..., Any]] = {
+    torch.stack: lambda tensors, dim=0: ops.stack(tensors, dim),
+    torch.cat: lambda tensors, dim=0: ops.cat(tensors, dim),
+    torch.concat: lambda tensors, dim=0: ops.cat(tensors, dim),
+    torch.concatenate: lambda tensors, axis=0: ops.cat(tensors, axis),
+    torch.unbind: lambda x, dim=0: ops.unbind(x, dim),
+    torch.split: _split,
+    torch.chunk: lambda x, chunks, dim=0: ops.chunk(x, chunks, dim),
+    torch.clone: lambda x, **kw: ops.clone(x),
+    torch.zeros_like: lambda x, dtype=None, **kw: ops.zeros_like(x, dtype),
+    torch.ones_like: lambda x, dtype=None, **kw: ops.ones_like(x, dtype),
+    torch.empty_like: lambda x, dtype=None, **kw: ops.empty_like(x, dtype),
+    torch.full_like: lambda x, fill_value, dtype=None, **kw: ops.full_like(x, fill_value, dtype),
+    torch.reshape: lambda x, shape: ops.reshape(x, shape),
+    torch.permute: lambda x, dims: ops.permute(x, dims),
+    torch.transpose: lambda x, dim0, dim1: ops.transpose(x, dim0, dim1),
+    torch.squeeze: lambda x, dim=None: ops.squeeze(x, dim),
+    torch.unsqueeze: lambda x, dim: ops.unsqueeze(x, dim),
+    torch.flatten: lambda x, start_dim=0, end_dim=-1: ops.flatten(x, start_dim, end_dim),
+    torch.sum: _reducer("sum"),
+    torch.mean: _reducer("mean"),
+    torch.prod: _reducer("prod"),
+    torch.amax: _reducer("amax"),
+    torch.amin: _reducer("amin"),
+    torch.all: lambda x, dim=None: ops.all_(x, dim),
+    torch.any: lambda x, dim=None: ops.any_(x, dim),
+}
+
+_ELEMENTWISE = frozenset(
+    """add sub mul div true_divide floor_divide remainder pow eq ne lt le gt ge maximum minimum
+    rsub neg abs exp log sqrt sigmoid tanh relu sin cos where clamp lerp
+    __add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__
+    __rfloordiv__ __mod__ __rmod__ __pow__ __rpow__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__
+    __and__ __rand__ __or__ __ror__ __xor__ __rxor__ __neg__ __abs__""".split()
+)

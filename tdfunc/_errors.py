@@ -1,0 +1,30 @@
+"""Error message templates, kept in one place so tests can assert on them."""
+
+MUTATION = (
+    "{cls} is immutable: {what} is not allowed. Use the functional form instead: {hint}."
+)
+MISSING_KEY = "key {key!r} not found in {cls} (available keys: {available})"
+NOT_A_NODE = "key {key!r} leads to a {kind}, not a nested container, so {rest!r} cannot be looked up"
+LEAF_SHAPE = (
+    "key {key!r}: leaf shape {shape} does not start with batch_size {batch_size}; "
+    "every leaf must have the batch dims as its leading dims"
+)
+NESTED_SHAPE = (
+    "key {key!r}: nested batch_size {shape} does not start with batch_size {batch_size}"
+)
+BAD_VALUE = (
+    "key {key!r}: cannot store a value of type {typ} in a {cls}; "
+    "use a tensor, a number, a numpy array, a dict or a TensorDict/tensorclass"
+)
+BAD_KEY = "keys must be strings or tuples of strings, got {key!r} of type {typ}"
+STRUCTURE = "{what}: structures differ: missing keys {missing}, extra keys {extra}"
+STACK_STRUCTURE = "cannot {op} containers of different structures: {detail}"
+STACK_SHAPE = "cannot {op} containers: element {index} has batch_size {got}, expected {expected}"
+TOO_MANY_INDICES = (
+    "too many indices for a container with batch_size {batch_size} ({batch_dims} batch dims): "
+    "the index {index!r} uses {used} dims; only batch dims can be indexed"
+)
+BATCH_DIM_RANGE = "dim {dim} is out of range for batch_size {batch_size} ({batch_dims} batch dims)"
+BOOL_AMBIGUOUS = (
+    "the truth value of a {cls} is ambiguous; use .all() or .any(), which return 0-d bool tensors"
+)

@@ -1,0 +1,752 @@
+"""Pure functions over nodes (TensorDict and tensorclass): shape, combination, transforms,
+arithmetic and reductions. Each takes nodes and returns new nodes; inputs are never changed.
+
+Every function is written once against the node protocol of :mod:`tdfunc._tree`.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import _errors as E
+from ._tree import (
+    KeyPath,
+    describe_difference,
+    fmt_key,
+    is_node,
+    leaves,
+    leaves_with_paths,
+    map_leaves,
+    rebuild,
+    structure,
+)
+
+_is_batched = torch._C._functorch.is_batchedtensor
+
+
+# --------------------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------------------
+def norm_dim(dim: int, ndim: int, batch_size: Any = None) -> int:
+    """Normalise a batch dim in ``[-ndim, ndim)``; ``IndexError`` otherwise."""
+    if not -ndim <= dim < ndim:
+        raise IndexError(
+            E.BATCH_DIM_RANGE.format(
+                dim=dim, batch_size=tuple(batch_size) if batch_size is not None else "?",
+                batch_dims=ndim,
+            )
+        )
+    return dim + ndim if dim < 0 else dim
+
+
+def _probe(node: Any) -> tuple[Tensor, int]:
+    """A tensor whose leading dims are the node's batch dims, and its feature ndim.
+
+    The first leaf when there is one (no extra work), else a meta tensor of the batch shape.
+    """
+    for v in node._tdf_children():
+        if isinstance(v, Tensor):
+            return v, v.ndim - len(node._batch_size)
+        if v is not None:
+            t, _ = _probe(v)
+            return t, t.ndim - len(node._batch_size)
+    return torch.empty(node._batch_size, device="meta"), 0
+
+
+def _batch_of(result: Tensor, feat: int) -> torch.Size:
+    return result.shape[: result.ndim - feat]
+
+
+def _map_shape(node: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """Apply a batch-dims-only shape function to every leaf; derive the new batch size."""
+    ls = leaves(node)
+    if ls:
+        out = [fn(x) for x in ls]
+        first = ls[0]
+        # feature ndim of the first leaf, relative to the root's batch dims
+        feat = first.ndim - len(node._batch_size)
+        return map_leaves(node, out, _batch_of(out[0], feat))
+    meta = fn(torch.empty(node._batch_size, device="meta"))
+    return map_leaves(node, [], meta.shape)
+
+
+def _same_structure(nodes: Sequence[Any], op: str) -> None:
+    ref = structure(nodes[0])
+    for n in nodes[1:]:
+        if structure(n) != ref:
+            missing, extra = describe_difference(nodes[0], n)
+            detail = (
+                f"missing keys {missing}, extra keys {extra}"
+                if missing or extra
+                else f"types or static fields differ ({type(nodes[0]).__name__} vs {type(n).__name__})"
+            )
+            raise ValueError(E.STACK_STRUCTURE.format(op=op, detail=detail))
+
+
+# --------------------------------------------------------------------------------------
+# indexing
+# --------------------------------------------------------------------------------------
+def _index_parts(idx: Any) -> tuple[Any, ...]:
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    out = []
+    for i in idx:
+        if isinstance(i, list):
+            i = torch.tensor(i)
+        out.append(i)
+    return tuple(out)
+
+
+def _dims_used(i: Any) -> int:
+    if i is None or i is Ellipsis or isinstance(i, bool):
+        return 0
+    if isinstance(i, Tensor) and i.dtype == torch.bool:
+        return i.ndim
+    return 1
+
+
+def normalize_index(idx: Any, batch_size: torch.Size) -> tuple[Any, ...]:
+    """Expand ``Ellipsis`` over the batch dims only and check the index fits them."""
+    parts = _index_parts(idx)
+    bd = len(batch_size)
+    used = sum(_dims_used(i) for i in parts)
+    if used > bd:
+        raise IndexError(
+            E.TOO_MANY_INDICES.format(
+                batch_size=tuple(batch_size), batch_dims=bd, index=idx, used=used
+            )
+        )
+    n_ell = sum(1 for i in parts if i is Ellipsis)
+    if n_ell > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if n_ell == 1:
+        pos = next(p for p, i in enumerate(parts) if i is Ellipsis)
+        fill = (slice(None),) * (bd - used)
+        parts = parts[:pos] + fill + parts[pos + 1 :]
+    return parts
+
+
+def index(node: Any, idx: Any) -> Any:
+    """``node[idx]`` over the batch dims: int, slice, None, Ellipsis, bool mask, long tensor,
+    list, and tuples of these.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(4, 3, 2), batch_size=[4, 3])
+        >>> td[1:3, 0].batch_size
+        torch.Size([2])
+    """
+    parts = normalize_index(idx, node._batch_size)
+    return _map_shape(node, lambda x: x[parts])
+
+
+def index_update(node: Any, idx: Any, value: Any, op: str = "set") -> Any:
+    """Out-of-place ``node[idx] = value`` (``op="set"``) or ``+= value`` (``op="add"``)."""
+    parts = normalize_index(idx, node._batch_size)
+    ls = leaves(node)
+    if is_node(value):
+        _check_same_keys(node, value, "at[...].set")
+        vs: Sequence[Any] = leaves(value)
+    else:
+        value = as_operand(value)
+        vs = [value] * len(ls)
+    out = []
+    for x, v in zip(ls, vs):
+        y = x.clone()
+        if op == "set":
+            y[parts] = v
+        else:
+            y[parts] = y[parts] + v
+        out.append(y)
+    return map_leaves(node, out)
+
+
+class AtIndexer:
+    """``td.at[idx]``: out-of-place indexed updates, like JAX's ``x.at[idx].set(v)``.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(3), batch_size=[3])
+        >>> td.at[1].set(5.0)["a"].tolist(), td["a"].tolist()
+        ([0.0, 5.0, 0.0], [0.0, 0.0, 0.0])
+    """
+
+    __slots__ = ("_node",)
+
+    def __init__(self, node: Any) -> None:
+        self._node = node
+
+    def __getitem__(self, idx: Any) -> _AtRef:
+        return _AtRef(self._node, idx)
+
+
+class _AtRef:
+    __slots__ = ("_node", "_idx")
+
+    def __init__(self, node: Any, idx: Any) -> None:
+        self._node = node
+        self._idx = idx
+
+    def set(self, value: Any) -> Any:
+        """A new container with ``value`` written at the index."""
+        return index_update(self._node, self._idx, value, "set")
+
+    def add(self, value: Any) -> Any:
+        """A new container with ``value`` added at the index."""
+        return index_update(self._node, self._idx, value, "add")
+
+    def get(self) -> Any:
+        """Same as ``node[idx]``."""
+        return index(self._node, self._idx)
+
+
+# --------------------------------------------------------------------------------------
+# shape ops (batch dims only)
+# --------------------------------------------------------------------------------------
+def _shape_arg(shape: tuple[Any, ...]) -> tuple[Any, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def _infer_shape(shape: tuple[Any, ...], numel: Any) -> tuple[Any, ...]:
+    if -1 not in shape:
+        return shape
+    known = math.prod([s for s in shape if s != -1])
+    return tuple(numel // known if s == -1 else s for s in shape)
+
+
+def reshape(node: Any, *shape: Any) -> Any:
+    """Reshape the batch dims (``-1`` allowed); feature dims are kept."""
+    bs = node._batch_size
+    bd = len(bs)
+    new = _infer_shape(_shape_arg(shape), math.prod(bs))
+    return _map_shape(node, lambda x: x.reshape(new + x.shape[bd:]))
+
+
+def view(node: Any, *shape: Any) -> Any:
+    """View the batch dims with a new shape (leaves must be viewable)."""
+    bs = node._batch_size
+    bd = len(bs)
+    new = _infer_shape(_shape_arg(shape), math.prod(bs))
+    return _map_shape(node, lambda x: x.view(new + x.shape[bd:]))
+
+
+def permute(node: Any, *dims: Any) -> Any:
+    """Permute the batch dims."""
+    bs = node._batch_size
+    bd = len(bs)
+    dims = _shape_arg(dims)
+    if len(dims) != bd:
+        raise ValueError(f"permute needs {bd} dims for batch_size {tuple(bs)}, got {dims}")
+    perm = tuple(norm_dim(d, bd, bs) for d in dims)
+    if sorted(perm) != list(range(bd)):
+        raise ValueError(f"permute dims {dims} are not a permutation of the batch dims")
+    return _map_shape(node, lambda x: x.permute(perm + tuple(range(bd, x.ndim))))
+
+
+def transpose(node: Any, dim0: int, dim1: int) -> Any:
+    """Swap two batch dims."""
+    bs = node._batch_size
+    d0, d1 = norm_dim(dim0, len(bs), bs), norm_dim(dim1, len(bs), bs)
+    return _map_shape(node, lambda x: x.transpose(d0, d1))
+
+
+def squeeze(node: Any, dim: int | None = None) -> Any:
+    """Remove batch dims of size 1 (all of them, or ``dim``)."""
+    bs = node._batch_size
+    if dim is None:
+        dims = tuple(i for i, s in enumerate(bs) if s == 1)
+    else:
+        d = norm_dim(dim, len(bs), bs)
+        dims = (d,) if bs[d] == 1 else ()
+    if not dims:
+        return node
+    return _map_shape(node, lambda x: x.squeeze(dims))
+
+
+def unsqueeze(node: Any, dim: int) -> Any:
+    """Insert a batch dim of size 1 at ``dim`` (in ``[-bd-1, bd]``)."""
+    bs = node._batch_size
+    d = norm_dim(dim, len(bs) + 1, bs)
+    return _map_shape(node, lambda x: x.unsqueeze(d))
+
+
+def flatten(node: Any, start_dim: int = 0, end_dim: int = -1) -> Any:
+    """Flatten batch dims ``start_dim..end_dim`` into one."""
+    bs = node._batch_size
+    bd = len(bs)
+    if bd == 0:
+        return unsqueeze(node, 0)
+    s, e = norm_dim(start_dim, bd, bs), norm_dim(end_dim, bd, bs)
+    return _map_shape(node, lambda x: x.flatten(s, e))
+
+
+def unflatten(node: Any, dim: int, sizes: Sequence[int]) -> Any:
+    """Split batch dim ``dim`` into ``sizes``."""
+    bs = node._batch_size
+    d = norm_dim(dim, len(bs), bs)
+    sizes = tuple(sizes)
+    return _map_shape(node, lambda x: x.unflatten(d, sizes))
+
+
+def expand(node: Any, *shape: Any) -> Any:
+    """Expand the batch dims to ``shape`` (new leading dims allowed, ``-1`` keeps a dim)."""
+    bs = node._batch_size
+    bd = len(bs)
+    new = _shape_arg(shape)
+    if len(new) < bd:
+        raise ValueError(f"expand shape {new} has fewer dims than batch_size {tuple(bs)}")
+    return _map_shape(node, lambda x: x.expand(new + x.shape[bd:]))
+
+
+# --------------------------------------------------------------------------------------
+# combination
+# --------------------------------------------------------------------------------------
+def _check_leaf_shapes(nodes: Sequence[Any], op: str, skip_dim: int | None) -> None:
+    ref = leaves_with_paths(nodes[0])
+    for i, n in enumerate(nodes[1:], start=1):
+        for (path, a), b in zip(ref, leaves(n)):
+            sa, sb = a.shape, b.shape
+            ok = len(sa) == len(sb) and all(
+                x == y for j, (x, y) in enumerate(zip(sa, sb)) if j != skip_dim
+            )
+            if not ok:
+                raise ValueError(
+                    f"cannot {op} containers: key {fmt_key(path)} has shape {tuple(sb)} in "
+                    f"element {i}, expected {tuple(sa)}"
+                )
+
+
+def stack(nodes: Sequence[Any], dim: int = 0) -> Any:
+    """Stack containers of identical structure and batch size along a new batch dim.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(3, 2), batch_size=[3])
+        >>> tdfunc.stack([td, td], dim=1).batch_size
+        torch.Size([3, 2])
+    """
+    nodes = list(nodes)
+    if not nodes:
+        raise ValueError("stack expects a non-empty sequence")
+    first = nodes[0]
+    bs = first._batch_size
+    d = norm_dim(dim, len(bs) + 1, bs)
+    _same_structure(nodes, "stack")
+    for i, n in enumerate(nodes):
+        if n._batch_size != bs:
+            raise ValueError(
+                E.STACK_SHAPE.format(op="stack", index=i, got=tuple(n._batch_size), expected=tuple(bs))
+            )
+    _check_leaf_shapes(nodes, "stack", None)
+    cols = zip(*[leaves(n) for n in nodes])
+    out = [torch.stack(c, d) for c in cols]
+    new_bs = bs[:d] + torch.Size([len(nodes)]) + bs[d:]
+    return map_leaves(first, out, new_bs)
+
+
+def cat(nodes: Sequence[Any], dim: int = 0) -> Any:
+    """Concatenate containers of identical structure along an existing batch dim."""
+    nodes = list(nodes)
+    if not nodes:
+        raise ValueError("cat expects a non-empty sequence")
+    first = nodes[0]
+    bs = first._batch_size
+    d = norm_dim(dim, len(bs), bs)
+    _same_structure(nodes, "cat")
+    for i, n in enumerate(nodes):
+        nb = n._batch_size
+        if len(nb) != len(bs) or any(a != b for j, (a, b) in enumerate(zip(nb, bs)) if j != d):
+            raise ValueError(
+                E.STACK_SHAPE.format(op="cat", index=i, got=tuple(nb), expected=tuple(bs))
+            )
+    _check_leaf_shapes(nodes, "cat", d)
+    cols = zip(*[leaves(n) for n in nodes])
+    out = [torch.cat(c, d) for c in cols]
+    new_bs = bs[:d] + torch.Size([sum(n._batch_size[d] for n in nodes)]) + bs[d + 1 :]
+    return map_leaves(first, out, new_bs)
+
+
+def _split_results(node: Any, pieces_per_leaf: list[Sequence[Tensor]], shapes: list[torch.Size]) -> tuple[Any, ...]:
+    out = []
+    n_pieces = len(shapes)
+    for p in range(n_pieces):
+        out.append(map_leaves(node, [pl[p] for pl in pieces_per_leaf], shapes[p]))
+    return tuple(out)
+
+
+def unbind(node: Any, dim: int = 0) -> tuple[Any, ...]:
+    """Split along a batch dim into a tuple of containers without that dim."""
+    bs = node._batch_size
+    d = norm_dim(dim, len(bs), bs)
+    ls = leaves(node)
+    new_bs = bs[:d] + bs[d + 1 :]
+    pieces = [x.unbind(d) for x in ls]
+    return _split_results(node, pieces, [new_bs] * bs[d])
+
+
+def split(node: Any, split_size: int | Sequence[int], dim: int = 0) -> tuple[Any, ...]:
+    """Split along a batch dim into chunks of ``split_size`` (or the given sizes)."""
+    bs = node._batch_size
+    d = norm_dim(dim, len(bs), bs)
+    probe, _ = _probe(node)
+    sizes = [p.shape[d] for p in torch.split(probe, split_size, d)]
+    pieces = [torch.split(x, split_size, d) for x in leaves(node)]
+    shapes = [bs[:d] + torch.Size([s]) + bs[d + 1 :] for s in sizes]
+    return _split_results(node, pieces, shapes)
+
+
+def chunk(node: Any, chunks: int, dim: int = 0) -> tuple[Any, ...]:
+    """Split along a batch dim into ``chunks`` pieces (as ``torch.chunk``)."""
+    bs = node._batch_size
+    d = norm_dim(dim, len(bs), bs)
+    probe, _ = _probe(node)
+    sizes = [p.shape[d] for p in torch.chunk(probe, chunks, d)]
+    pieces = [torch.chunk(x, chunks, d) for x in leaves(node)]
+    shapes = [bs[:d] + torch.Size([s]) + bs[d + 1 :] for s in sizes]
+    return _split_results(node, pieces, shapes)
+
+
+# --------------------------------------------------------------------------------------
+# transforms
+# --------------------------------------------------------------------------------------
+def _check_same_keys(a: Any, b: Any, what: str) -> None:
+    if structure(a) != structure(b):
+        missing, extra = describe_difference(a, b)
+        if not missing and not extra:
+            raise TypeError(
+                f"{what}: containers have the same keys but different types or static fields "
+                f"({type(a).__name__} vs {type(b).__name__})"
+            )
+        raise KeyError(E.STRUCTURE.format(what=what, missing=missing, extra=extra))
+
+
+def validate_leaves(node: Any, new: Sequence[Tensor], batch_size: torch.Size, what: str) -> None:
+    bd = len(batch_size)
+    for (path, _), x in zip(leaves_with_paths(node), new):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{what}: key {fmt_key(path)} produced {type(x).__name__}, not a tensor")
+        if x.shape[:bd] != batch_size:
+            raise ValueError(
+                E.LEAF_SHAPE.format(key=fmt_key(path), shape=tuple(x.shape), batch_size=tuple(batch_size))
+                + f" (after {what})"
+            )
+
+
+def apply(node: Any, fn: Callable[..., Tensor], *others: Any, batch_size: Sequence[int] | None = None) -> Any:
+    """``fn`` on every leaf (zipped with the leaves of ``others``, of the same structure).
+
+    The result keeps ``node``'s batch size unless ``batch_size`` is given; each result leaf is
+    checked against it.
+    """
+    for o in others:
+        _check_same_keys(node, o, "apply")
+    ls = leaves(node)
+    if others:
+        cols = [leaves(o) for o in others]
+        out = [fn(x, *ys) for x, *ys in zip(ls, *cols)]
+    else:
+        out = [fn(x) for x in ls]
+    bs = node._batch_size if batch_size is None else torch.Size(batch_size)
+    validate_leaves(node, out, bs, "apply")
+    return map_leaves(node, out, bs)
+
+
+def named_apply(node: Any, fn: Callable[[KeyPath, Tensor], Tensor]) -> Any:
+    """``fn(key_path, leaf)`` on every leaf; ``key_path`` is a tuple of strings."""
+    pairs = leaves_with_paths(node)
+    out = [fn(p, x) for p, x in pairs]
+    validate_leaves(node, out, node._batch_size, "named_apply")
+    return map_leaves(node, out)
+
+
+def _parse_to(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, (str, torch.device, int)):
+            device = a
+        elif isinstance(a, Tensor):
+            device, dtype = a.device, a.dtype
+    return (None if device is None else torch.device(device)), dtype
+
+
+def to(node: Any, *args: Any, **kwargs: Any) -> Any:
+    """``leaf.to(*args, **kwargs)`` on every leaf; a device argument sets the result's device."""
+    device, _ = _parse_to(args, kwargs)
+    out = [x.to(*args, **kwargs) for x in leaves(node)]
+    return map_leaves(node, out, None, node._device if device is None else device)
+
+
+def clone(node: Any) -> Any:
+    """A copy with cloned leaves."""
+    return map_leaves(node, [x.clone() for x in leaves(node)])
+
+
+def detach(node: Any) -> Any:
+    """Leaves detached from autograd."""
+    return map_leaves(node, [x.detach() for x in leaves(node)])
+
+
+def contiguous(node: Any) -> Any:
+    """Contiguous leaves."""
+    return map_leaves(node, [x.contiguous() for x in leaves(node)])
+
+
+def zeros_like(node: Any, dtype: torch.dtype | None = None) -> Any:
+    """Same structure, leaves filled with 0.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> tdfunc.zeros_like(tdfunc.TensorDict(a=torch.ones(2)))["a"].tolist()
+        [0.0, 0.0]
+    """
+    return map_leaves(node, [torch.zeros_like(x, dtype=dtype) for x in leaves(node)])
+
+
+def ones_like(node: Any, dtype: torch.dtype | None = None) -> Any:
+    """Same structure, leaves filled with 1."""
+    return map_leaves(node, [torch.ones_like(x, dtype=dtype) for x in leaves(node)])
+
+
+def empty_like(node: Any, dtype: torch.dtype | None = None) -> Any:
+    """Same structure, uninitialised leaves."""
+    return map_leaves(node, [torch.empty_like(x, dtype=dtype) for x in leaves(node)])
+
+
+def full_like(node: Any, fill_value: Any, dtype: torch.dtype | None = None) -> Any:
+    """Same structure, leaves filled with ``fill_value``."""
+    return map_leaves(node, [torch.full_like(x, fill_value, dtype=dtype) for x in leaves(node)])
+
+
+_ALIGN = 16
+
+
+def consolidate(node: Any) -> Any:
+    """A copy whose leaves are views into one flat, 16-byte aligned uint8 buffer.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.ones(3), b=torch.arange(2)).consolidate()
+        >>> td["a"].untyped_storage().data_ptr() == td["b"].untyped_storage().data_ptr()
+        True
+    """
+    ls = leaves(node)
+    if not ls:
+        return node
+    parts: list[Tensor] = []
+    offsets: list[int] = []
+    off = 0
+    for x in ls:
+        b = x.contiguous().reshape(-1).view(torch.uint8)
+        n = x.numel() * x.element_size()
+        offsets.append(off)
+        parts.append(b)
+        pad = (-n) % _ALIGN
+        if pad:
+            parts.append(torch.zeros(pad, dtype=torch.uint8, device=x.device))
+        off += n + pad
+    buf = torch.cat(parts)
+    out = []
+    for x, o in zip(ls, offsets):
+        n = x.numel() * x.element_size()
+        out.append(buf[o : o + n].view(x.dtype).view(x.shape))
+    return map_leaves(node, out)
+
+
+# --------------------------------------------------------------------------------------
+# arithmetic
+# --------------------------------------------------------------------------------------
+_FOREACH: dict[Callable[..., Any], Callable[..., Any]] = {
+    operator.add: torch._foreach_add,
+    operator.sub: torch._foreach_sub,
+    operator.mul: torch._foreach_mul,
+    operator.truediv: torch._foreach_div,
+}
+
+
+def as_operand(x: Any) -> Any:
+    if isinstance(x, (Tensor, int, float, bool, complex)) or is_node(x):
+        return x
+    if hasattr(x, "__array__"):
+        return torch.as_tensor(x)
+    return x
+
+
+def _can_foreach(ls: list[Tensor]) -> bool:
+    return bool(ls) and not any(map(_is_batched, ls))
+
+
+def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
+    """Elementwise ``op(a, b)`` where one or both operands are nodes of the same structure."""
+    if is_node(a) and is_node(b):
+        _check_same_keys(a, b, f"{getattr(op, '__name__', op)}")
+        la, lb = leaves(a), leaves(b)
+        f = _FOREACH.get(op)
+        if (
+            f is not None
+            and _can_foreach(la)
+            and _can_foreach(lb)
+            and all(x.shape == y.shape for x, y in zip(la, lb))
+        ):
+            return map_leaves(a, f(la, lb))
+        return map_leaves(a, [op(x, y) for x, y in zip(la, lb)])
+    if is_node(a):
+        ls = leaves(a)
+        f = _FOREACH.get(op)
+        if f is not None and isinstance(b, (int, float)) and not isinstance(b, bool) and _can_foreach(ls):
+            return map_leaves(a, f(ls, b))
+        out = [op(x, b) for x in ls]
+        if isinstance(b, Tensor) and b.ndim > 0:
+            validate_leaves(a, out, a._batch_size, getattr(op, "__name__", "op"))
+        return map_leaves(a, out)
+    ls = leaves(b)
+    out = [op(a, x) for x in ls]
+    if isinstance(a, Tensor) and a.ndim > 0:
+        validate_leaves(b, out, b._batch_size, getattr(op, "__name__", "op"))
+    return map_leaves(b, out)
+
+
+def unary(op: Callable[[Tensor], Tensor], node: Any) -> Any:
+    """Elementwise ``op`` on every leaf."""
+    return map_leaves(node, [op(x) for x in leaves(node)])
+
+
+def elementwise(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """Call a torch elementwise function with node arguments replaced by their leaves."""
+    nodes = [a for a in args if is_node(a)]
+    ref = nodes[0]
+    for n in nodes[1:]:
+        _check_same_keys(ref, n, getattr(func, "__name__", "op"))
+    cols = [leaves(a) if is_node(a) else None for a in args]
+    n_leaves = len(leaves(ref))
+    out = []
+    for i in range(n_leaves):
+        call_args = [c[i] if c is not None else a for a, c in zip(args, cols)]
+        out.append(func(*call_args, **kwargs))
+    validate_leaves(ref, out, ref._batch_size, getattr(func, "__name__", "op"))
+    return map_leaves(ref, out)
+
+
+# --------------------------------------------------------------------------------------
+# reductions
+# --------------------------------------------------------------------------------------
+def _rebuild_all(node: Any, it: Any, batch_size: torch.Size) -> Any:
+    children = []
+    for v in node._tdf_children():
+        if isinstance(v, Tensor):
+            children.append(next(it))
+        elif v is None:
+            children.append(None)
+        else:
+            children.append(_rebuild_all(v, it, batch_size))
+    return node._tdf_rebuild(children, batch_size, node._device)
+
+
+def _dims_arg(dim: Any, bs: torch.Size) -> tuple[int, ...]:
+    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+    out = tuple(sorted({norm_dim(d, len(bs), bs) for d in dims}))
+    return out
+
+
+def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
+    """Reduce every leaf with ``torch.<name>``.
+
+    With ``dim=None`` each leaf is reduced whole (the result has ``batch_size=()``, 0-d leaves);
+    with ``dim`` (an int or a tuple of batch dims) only those batch dims are reduced.
+    """
+    fn = getattr(torch, name)
+    ls = leaves(node)
+    if dim is None:
+        out = [fn(x, **kwargs) for x in ls]
+        return _rebuild_all(node, iter(out), torch.Size(()))
+    bs = node._batch_size
+    dims = _dims_arg(dim, bs)
+    if name == "prod":
+        out = []
+        for x in ls:
+            for d in reversed(dims):
+                x = torch.prod(x, d, keepdim=keepdim, **kwargs)
+            out.append(x)
+    else:
+        out = [fn(x, dims, keepdim=keepdim, **kwargs) for x in ls]
+    if keepdim:
+        new_bs = torch.Size([1 if i in dims else s for i, s in enumerate(bs)])
+    else:
+        new_bs = torch.Size([s for i, s in enumerate(bs) if i not in dims])
+    return map_leaves(node, out, new_bs)
+
+
+def all_(node: Any, dim: Any = None) -> Any:
+    """0-d bool tensor: every element of every leaf is true (or a node reduced over ``dim``)."""
+    if dim is not None:
+        return reduce(node, "all", dim)
+    ls = leaves(node)
+    if not ls:
+        return torch.tensor(True)
+    return torch.stack([x.all() for x in ls]).all()
+
+
+def any_(node: Any, dim: Any = None) -> Any:
+    """0-d bool tensor: some element of some leaf is true (or a node reduced over ``dim``)."""
+    if dim is not None:
+        return reduce(node, "any", dim)
+    ls = leaves(node)
+    if not ls:
+        return torch.tensor(False)
+    return torch.stack([x.any() for x in ls]).any()
+
+
+# --------------------------------------------------------------------------------------
+# misc
+# --------------------------------------------------------------------------------------
+def same_structure_leaves(a: Any, b: Any) -> None:
+    _check_same_keys(a, b, "compare")
+
+
+__all__ = [
+    "AtIndexer",
+    "all_",
+    "any_",
+    "apply",
+    "binary",
+    "cat",
+    "chunk",
+    "clone",
+    "consolidate",
+    "contiguous",
+    "detach",
+    "elementwise",
+    "empty_like",
+    "expand",
+    "flatten",
+    "full_like",
+    "index",
+    "index_update",
+    "named_apply",
+    "ones_like",
+    "permute",
+    "reduce",
+    "reshape",
+    "split",
+    "squeeze",
+    "stack",
+    "to",
+    "transpose",
+    "unary",
+    "unbind",
+    "unflatten",
+    "unsqueeze",
+    "view",
+    "zeros_like",
+]
+
+_ = rebuild  # re-exported helper used by other modules

@@ -1,0 +1,498 @@
+"""``TensorDict``: an immutable mapping of string keys to tensors with shared batch dims."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import optree
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor
+
+from . import _errors as E
+from . import _ops as ops
+from ._base import TensorTree
+from ._tree import KeyPath, fmt_key, is_node, register
+
+_MISSING: Any = object()
+
+KeyLike = str | tuple[str, ...]
+
+
+def _as_size(batch_size: Any) -> torch.Size:
+    if isinstance(batch_size, torch.Size):
+        return batch_size
+    if batch_size is None:
+        return torch.Size(())
+    if isinstance(batch_size, int):
+        return torch.Size((batch_size,))
+    return torch.Size(batch_size)
+
+
+def _as_path(key: Any) -> KeyPath:
+    if isinstance(key, str):
+        return (key,)
+    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
+        return key
+    raise TypeError(E.BAD_KEY.format(key=key, typ=type(key).__name__))
+
+
+def _is_key(key: Any) -> bool:
+    return isinstance(key, str) or (
+        isinstance(key, tuple) and len(key) > 0 and all(isinstance(k, str) for k in key)
+    )
+
+
+def _check_prefix(path: KeyPath, shape: torch.Size, batch_size: torch.Size, nested: bool) -> None:
+    bd = len(batch_size)
+    if len(shape) < bd or shape[:bd] != batch_size:
+        msg = E.NESTED_SHAPE if nested else E.LEAF_SHAPE
+        raise ValueError(
+            msg.format(key=fmt_key(path), shape=tuple(shape), batch_size=tuple(batch_size))
+        )
+
+
+def convert_value(
+    path: KeyPath, value: Any, batch_size: torch.Size, device: torch.device | None
+) -> Any:
+    """Turn a user value into a validated child (tensor or node) for ``batch_size``."""
+    if isinstance(value, Tensor):
+        if device is not None and value.device != device:
+            value = value.to(device)
+        _check_prefix(path, value.shape, batch_size, False)
+        return value
+    if is_node(value):
+        if device is not None and value._device != device:
+            value = ops.to(value, device)
+        _check_prefix(path, value._batch_size, batch_size, True)
+        return value
+    if isinstance(value, Mapping):
+        return TensorDict._build(value, batch_size, device, path)
+    if isinstance(value, (bool, int, float, complex)):
+        t = torch.tensor(value, device=device)
+        _check_prefix(path, t.shape, batch_size, False)
+        return t
+    if hasattr(value, "__array__") and hasattr(value, "dtype"):
+        t = torch.as_tensor(value, device=device)
+        _check_prefix(path, t.shape, batch_size, False)
+        return t
+    raise TypeError(
+        E.BAD_VALUE.format(key=fmt_key(path), typ=type(value).__name__, cls="TensorDict")
+    )
+
+
+class TensorDict(TensorTree):
+    """An immutable mapping from string keys to tensors (or nested containers) whose leading
+    ``batch_size`` dims are shared by every leaf.
+
+    Every operation returns a new ``TensorDict``; the input is never changed. It is a pytree
+    node (``torch.utils._pytree`` and optree), so ``torch.compile``, ``torch.vmap`` and
+    ``torch.func`` see through it.
+
+    Args:
+        source: a mapping of key -> value (tensor, number, numpy array, dict, TensorDict or
+            tensorclass). Nested dicts become nested TensorDicts with the same batch size.
+        batch_size: the leading dims shared by every leaf (checked once, here).
+        device: if given, every leaf is moved to it.
+        **kwargs: more key -> value pairs.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict({"obs": torch.zeros(4, 3), "next": {"r": torch.ones(4)}},
+        ...                        batch_size=[4])
+        >>> td["next", "r"].shape, td.batch_size
+        (torch.Size([4]), torch.Size([4]))
+        >>> td2 = td.set("done", torch.zeros(4, dtype=torch.bool))
+        >>> "done" in td, "done" in td2
+        (False, True)
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(
+        self,
+        source: Mapping[str, Any] | None = None,
+        /,
+        *,
+        batch_size: Sequence[int] | int | torch.Size = (),
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        bs = _as_size(batch_size)
+        dev = None if device is None else torch.device(device)
+        if source is not None and not isinstance(source, Mapping):
+            raise TypeError(
+                f"TensorDict source must be a mapping (dict or TensorDict), got {type(source).__name__}"
+            )
+        data: dict[str, Any] = {}
+        items: Iterable[tuple[Any, Any]] = () if source is None else source.items()
+        for k, v in items:
+            if not isinstance(k, str):
+                raise TypeError(E.BAD_KEY.format(key=k, typ=type(k).__name__))
+            data[k] = convert_value((k,), v, bs, dev)
+        for k, v in kwargs.items():
+            data[k] = convert_value((k,), v, bs, dev)
+        object.__setattr__(self, "_data", data)
+        object.__setattr__(self, "_batch_size", bs)
+        object.__setattr__(self, "_device", dev)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def _new(cls, data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> TensorDict:
+        """Trusted constructor: no conversion, no checks (for ops that keep the invariants)."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "_data", data)
+        object.__setattr__(self, "_batch_size", batch_size)
+        object.__setattr__(self, "_device", device)
+        return self
+
+    @classmethod
+    def _build(
+        cls, mapping: Mapping[str, Any], batch_size: torch.Size, device: torch.device | None, prefix: KeyPath
+    ) -> TensorDict:
+        data: dict[str, Any] = {}
+        for k, v in mapping.items():
+            if not isinstance(k, str):
+                raise TypeError(E.BAD_KEY.format(key=k, typ=type(k).__name__))
+            data[k] = convert_value(prefix + (k,), v, batch_size, device)
+        return cls._new(data, batch_size, device)
+
+    @classmethod
+    def from_dict(
+        cls,
+        d: Mapping[str, Any],
+        *,
+        batch_size: Sequence[int] | None = None,
+        batch_dims: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> TensorDict:
+        """Build from a (nested) dict.
+
+        ``batch_size`` wins if given; else ``batch_dims`` takes that many leading dims of the
+        first leaf; else the batch size is ``()``.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> tdfunc.TensorDict.from_dict({"a": torch.zeros(2, 3)}, batch_dims=1).batch_size
+            torch.Size([2])
+        """
+        if batch_size is None and batch_dims is not None:
+            first = _first_leaf(d)
+            if first is None:
+                raise ValueError("from_dict(batch_dims=...) needs at least one tensor leaf")
+            if first.ndim < batch_dims:
+                raise ValueError(
+                    f"batch_dims={batch_dims} exceeds the ndim of the first leaf {tuple(first.shape)}"
+                )
+            batch_size = first.shape[:batch_dims]
+        return cls(d, batch_size=() if batch_size is None else batch_size, device=device)
+
+    # ------------------------------------------------------------------ node protocol
+    def _tdf_keys(self) -> tuple[str, ...]:
+        return tuple(self._data)
+
+    def _tdf_children(self) -> tuple[Any, ...]:
+        return tuple(self._data.values())
+
+    def _tdf_rebuild(
+        self, children: Sequence[Any], batch_size: torch.Size, device: torch.device | None
+    ) -> TensorDict:
+        return TensorDict._new(dict(zip(self._data, children)), batch_size, device)
+
+    def _tdf_get(self, key: str, default: Any = _MISSING) -> Any:
+        return self._data.get(key, default)
+
+    # ------------------------------------------------------------------ reading
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            v = self._data.get(key, _MISSING)
+            if v is _MISSING:
+                raise KeyError(self._missing(key))
+            return v
+        if _is_key(key):
+            return self._get_path(key)
+        return ops.index(self, key)
+
+    def _missing(self, key: Any) -> str:
+        return E.MISSING_KEY.format(key=key, cls=type(self).__name__, available=list(self._data))
+
+    def _get_path(self, path: KeyPath, default: Any = _MISSING) -> Any:
+        node: Any = self
+        for i, k in enumerate(path):
+            if not is_node(node):
+                if default is not _MISSING:
+                    return default
+                raise KeyError(
+                    E.NOT_A_NODE.format(key=path[:i], kind=type(node).__name__, rest=path[i:])
+                )
+            v = _child(node, k)
+            if v is _MISSING:
+                if default is not _MISSING:
+                    return default
+                raise KeyError(
+                    E.MISSING_KEY.format(
+                        key=path if len(path) > 1 else k, cls=type(self).__name__,
+                        available=list(node._tdf_keys()),
+                    )
+                )
+            node = v
+        return node
+
+    def get(self, key: KeyLike, default: Any = None) -> Any:
+        """The value at ``key`` (a string or a tuple path), or ``default`` when missing."""
+        return self._get_path(_as_path(key), default)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            return key in self._data
+        if _is_key(key):
+            return self._get_path(key, _MISSING_SENTINEL) is not _MISSING_SENTINEL  # type: ignore[arg-type]
+        raise TypeError(E.BAD_KEY.format(key=key, typ=type(key).__name__))
+
+    def _walk(self, include_nested: bool, leaves_only: bool, prefix: KeyPath = ()) -> list[tuple[Any, Any]]:
+        out: list[tuple[Any, Any]] = []
+        for k, v in self._data.items():
+            path = prefix + (k,)
+            key = k if not prefix else path
+            sub = is_node(v)
+            if not (leaves_only and sub):
+                out.append((key, v))
+            if include_nested and sub:
+                out.extend(_walk_node(v, leaves_only, path))
+        return out
+
+    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
+        """Keys: strings at the top level, tuples for nested keys when ``include_nested``."""
+        if not include_nested and not leaves_only:
+            return list(self._data)
+        return [k for k, _ in self._walk(include_nested, leaves_only)]
+
+    def values(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
+        """Values in the order of :meth:`keys`."""
+        if not include_nested and not leaves_only:
+            return list(self._data.values())
+        return [v for _, v in self._walk(include_nested, leaves_only)]
+
+    def items(self, include_nested: bool = False, leaves_only: bool = False) -> list[tuple[Any, Any]]:
+        """``(key, value)`` pairs in the order of :meth:`keys`."""
+        if not include_nested and not leaves_only:
+            return list(self._data.items())
+        return self._walk(include_nested, leaves_only)
+
+    # ------------------------------------------------------------------ functional updates
+    def set(self, key: KeyLike, value: Any) -> TensorDict:
+        """A new TensorDict with ``value`` at ``key`` (tuple keys create nested levels)."""
+        return _set_path(self, _as_path(key), value)
+
+    def update(self, other: Mapping[str, Any] | TensorDict | None = None, /, **kwargs: Any) -> TensorDict:
+        """A new TensorDict with the entries of ``other`` (nested mappings merged recursively)."""
+        out: TensorDict = self
+        pairs: list[tuple[Any, Any]] = []
+        if other is not None:
+            if isinstance(other, TensorDict):
+                pairs.extend(other._data.items())
+            elif isinstance(other, Mapping):
+                pairs.extend(other.items())
+            else:
+                raise TypeError(f"update expects a mapping or a TensorDict, got {type(other).__name__}")
+        pairs.extend(kwargs.items())
+        for k, v in pairs:
+            path = _as_path(k)
+            cur = out._get_path(path, None)
+            if isinstance(cur, TensorDict) and isinstance(v, (Mapping, TensorDict)):
+                out = _set_path(out, path, cur.update(v))
+            else:
+                out = _set_path(out, path, v)
+        return out
+
+    def replace(self, **kwargs: Any) -> TensorDict:
+        """A new TensorDict with existing top-level keys replaced (``KeyError`` for new keys)."""
+        data = dict(self._data)
+        for k, v in kwargs.items():
+            if k not in data:
+                raise KeyError(self._missing(k) + "; use td.set(key, value) to add a key")
+            data[k] = convert_value((k,), v, self._batch_size, self._device)
+        return TensorDict._new(data, self._batch_size, self._device)
+
+    def select(self, *keys: KeyLike, strict: bool = True) -> TensorDict:
+        """A new TensorDict with only ``keys`` (strings or tuple paths)."""
+        out: dict[str, Any] = {}
+        nested: dict[str, list[KeyPath]] = {}
+        for key in keys:
+            path = _as_path(key)
+            v = self._data.get(path[0], _MISSING)
+            if v is _MISSING:
+                if strict:
+                    raise KeyError(self._missing(path[0]))
+                continue
+            if len(path) == 1:
+                out[path[0]] = v
+            else:
+                nested.setdefault(path[0], []).append(path[1:])
+        for k, subs in nested.items():
+            if k in out:
+                continue
+            child = self._data[k]
+            if not isinstance(child, TensorDict):
+                raise KeyError(E.NOT_A_NODE.format(key=(k,), kind=type(child).__name__, rest=subs[0]))
+            out[k] = child.select(*subs, strict=strict)
+        ordered = {k: out[k] for k in self._data if k in out}
+        return TensorDict._new(ordered, self._batch_size, self._device)
+
+    def exclude(self, *keys: KeyLike) -> TensorDict:
+        """A new TensorDict without ``keys`` (missing keys are ignored)."""
+        top = set()
+        nested: dict[str, list[KeyPath]] = {}
+        for key in keys:
+            path = _as_path(key)
+            if len(path) == 1:
+                top.add(path[0])
+            else:
+                nested.setdefault(path[0], []).append(path[1:])
+        data = {}
+        for k, v in self._data.items():
+            if k in top:
+                continue
+            if k in nested and isinstance(v, TensorDict):
+                v = v.exclude(*nested[k])
+            data[k] = v
+        return TensorDict._new(data, self._batch_size, self._device)
+
+    def rename_key(self, old: KeyLike, new: KeyLike) -> TensorDict:
+        """A new TensorDict with ``old`` renamed to ``new`` (``KeyError`` if ``old`` is missing)."""
+        old_p, new_p = _as_path(old), _as_path(new)
+        value = self._get_path(old_p)
+        if len(old_p) == 1 and len(new_p) == 1:
+            data = {(new_p[0] if k == old_p[0] else k): v for k, v in self._data.items()}
+            return TensorDict._new(data, self._batch_size, self._device)
+        return self.exclude(old_p).set(new_p, value)
+
+    def flatten_keys(self, sep: str = ".") -> TensorDict:
+        """Nested TensorDicts become flat keys joined by ``sep`` (``("a", "b")`` -> ``"a.b"``)."""
+        data: dict[str, Any] = {}
+        _flatten_into(self, "", sep, data)
+        return TensorDict._new(data, self._batch_size, self._device)
+
+    def unflatten_keys(self, sep: str = ".") -> TensorDict:
+        """Inverse of :meth:`flatten_keys`: ``"a.b"`` -> ``("a", "b")``."""
+        out = TensorDict._new({}, self._batch_size, self._device)
+        for k, v in self._data.items():
+            out = _set_path(out, tuple(k.split(sep)), v)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain nested dict of tensors (nested TensorDicts become dicts)."""
+        return {k: (v.to_dict() if isinstance(v, TensorDict) else v) for k, v in self._data.items()}
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        return _repr(self, 0)
+
+
+_MISSING_SENTINEL: Any = object()
+
+
+def _child(node: Any, key: str) -> Any:
+    get = getattr(node, "_tdf_get", None)
+    if get is not None:
+        return get(key, _MISSING)
+    for k, v in zip(node._tdf_keys(), node._tdf_children()):
+        if k == key:
+            return v
+    return _MISSING
+
+
+def _walk_node(node: Any, leaves_only: bool, prefix: KeyPath) -> list[tuple[Any, Any]]:
+    out: list[tuple[Any, Any]] = []
+    for k, v in zip(node._tdf_keys(), node._tdf_children()):
+        if v is None:
+            continue
+        path = prefix + (k,)
+        sub = is_node(v)
+        if not (leaves_only and sub):
+            out.append((path, v))
+        if sub:
+            out.extend(_walk_node(v, leaves_only, path))
+    return out
+
+
+def _first_leaf(d: Any) -> Tensor | None:
+    items = d.items() if isinstance(d, Mapping) else ()
+    for _, v in items:
+        if isinstance(v, Tensor):
+            return v
+        if isinstance(v, Mapping):
+            r = _first_leaf(v)
+            if r is not None:
+                return r
+        if is_node(v):
+            ls = ops.leaves(v)
+            if ls:
+                return ls[0]
+    return None
+
+
+def _set_path(td: Any, path: KeyPath, value: Any) -> Any:
+    k = path[0]
+    if len(path) == 1:
+        v = convert_value(path, value, td._batch_size, td._device)
+        if isinstance(td, TensorDict):
+            data = dict(td._data)
+            data[k] = v
+            return TensorDict._new(data, td._batch_size, td._device)
+        return td.set(k, v)
+    child = _child(td, k)
+    if child is _MISSING:
+        child = TensorDict._new({}, td._batch_size, td._device)
+    elif not is_node(child):
+        raise TypeError(E.NOT_A_NODE.format(key=(k,), kind=type(child).__name__, rest=path[1:]))
+    if isinstance(child, TensorDict):
+        new_child = _set_path(child, path[1:], value)
+    else:
+        new_child = child.set(path[1:] if len(path) > 2 else path[1], value)
+    if isinstance(td, TensorDict):
+        data = dict(td._data)
+        data[k] = new_child
+        return TensorDict._new(data, td._batch_size, td._device)
+    return td.set(k, new_child)
+
+
+def _flatten_into(td: TensorDict, prefix: str, sep: str, out: dict[str, Any]) -> None:
+    for k, v in td._data.items():
+        name = prefix + k
+        if isinstance(v, TensorDict):
+            _flatten_into(v, name + sep, sep, out)
+        else:
+            out[name] = v
+
+
+def _repr(node: Any, indent: int) -> str:
+    pad = "    " * (indent + 1)
+    lines = [f"{type(node).__name__}("]
+    for k, v in zip(node._tdf_keys(), node._tdf_children()):
+        if isinstance(v, Tensor):
+            desc = f"Tensor(shape={tuple(v.shape)}, dtype={v.dtype})"
+        elif is_node(v):
+            desc = _repr(v, indent + 1)
+        else:
+            desc = repr(v)
+        lines.append(f"{pad}{k}: {desc},")
+    dev = None if node._device is None else str(node._device)
+    lines.append(f"{pad}batch_size={tuple(node._batch_size)}, device={dev})")
+    return "\n".join(lines)
+
+
+def _from_context(keys: Sequence[str], children: Sequence[Any], batch_size: torch.Size,
+                  device: torch.device | None, static: Any) -> TensorDict:
+    return TensorDict._new(dict(zip(keys, children)), batch_size, device)
+
+
+register(TensorDict, _from_context, "tdfunc.TensorDict", pytree.MappingKey, optree.MappingEntry)
+
+
+def from_dict(d: Mapping[str, Any], *, batch_size: Sequence[int] | None = None,
+              batch_dims: int | None = None, device: torch.device | str | None = None) -> TensorDict:
+    """Module-level alias of :meth:`TensorDict.from_dict`."""
+    return TensorDict.from_dict(d, batch_size=batch_size, batch_dims=batch_dims, device=device)
+

@@ -1,0 +1,66 @@
+"""Test helpers: :func:`assert_close` for TensorDicts and tensorclasses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._tree import KeyPath, fmt_key, is_node
+
+
+def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None,
+                 check_dtype: bool = True, _path: KeyPath = ()) -> None:
+    """Assert two containers have the same structure, batch size and close leaves.
+
+    The error names the first differing key path.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> a = tdfunc.TensorDict(x=torch.ones(2), batch_size=[2])
+        >>> tdfunc.testing.assert_close(a, a + 0)
+    """
+    where = "the root" if not _path else f"key {fmt_key(_path)}"
+    if is_node(actual) != is_node(expected):
+        raise AssertionError(
+            f"at {where}: expected a {type(expected).__name__}, got a {type(actual).__name__}"
+        )
+    if not is_node(actual):
+        if actual is None or expected is None:
+            if actual is not expected:
+                raise AssertionError(f"at {where}: expected {expected!r}, got {actual!r}")
+            return
+        if not isinstance(actual, Tensor) or not isinstance(expected, Tensor):
+            if actual != expected:
+                raise AssertionError(f"at {where}: expected {expected!r}, got {actual!r}")
+            return
+        try:
+            torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, check_dtype=check_dtype)
+        except AssertionError as e:
+            raise AssertionError(f"at {where}: {e}") from None
+        return
+    if type(actual) is not type(expected):
+        raise AssertionError(
+            f"at {where}: type {type(actual).__name__} != {type(expected).__name__}"
+        )
+    if actual.batch_size != expected.batch_size:
+        raise AssertionError(
+            f"at {where}: batch_size {tuple(actual.batch_size)} != {tuple(expected.batch_size)}"
+        )
+    ka, kb = actual._tdf_keys(), expected._tdf_keys()
+    if ka != kb:
+        missing = [k for k in kb if k not in ka]
+        extra = [k for k in ka if k not in kb]
+        raise AssertionError(
+            f"at {where}: keys differ: missing {missing}, extra {extra} (order {ka} vs {kb})"
+        )
+    sa = getattr(actual, "_tdf_static", lambda: ())()
+    sb = getattr(expected, "_tdf_static", lambda: ())()
+    if sa != sb:
+        raise AssertionError(f"at {where}: static fields differ: {sa} != {sb}")
+    for k, x, y in zip(ka, actual._tdf_children(), expected._tdf_children()):
+        assert_close(x, y, rtol=rtol, atol=atol, check_dtype=check_dtype, _path=_path + (k,))
+
+
+__all__ = ["assert_close"]
