@@ -6,14 +6,14 @@ MUTATION = (
 MISSING_KEY = "key {key!r} not found in {cls} (available keys: {available})"
 NOT_A_NODE = "key {key!r} leads to a {kind}, not a nested container, so {rest!r} cannot be looked up"
 LEAF_SHAPE = (
-    "key {key!r}: leaf shape {shape} does not start with batch_size {batch_size}; "
+    "key {key}: leaf shape {shape} does not start with batch_size {batch_size}; "
     "every leaf must have the batch dims as its leading dims"
 )
 NESTED_SHAPE = (
-    "key {key!r}: nested batch_size {shape} does not start with batch_size {batch_size}"
+    "key {key}: nested batch_size {shape} does not start with batch_size {batch_size}"
 )
 BAD_VALUE = (
-    "key {key!r}: cannot store a value of type {typ} in a {cls}; "
+    "key {key}: cannot store a value of type {typ} in a {cls}; "
     "use a tensor, a number, a numpy array, a dict or a TensorDict/tensorclass"
 )
 BAD_KEY = "keys must be strings or tuples of strings, got {key!r} of type {typ}"

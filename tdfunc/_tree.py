@@ -149,13 +149,13 @@ def key_set(node: Node, prefix: KeyPath = ()) -> list[KeyPath]:
     return out
 
 
-def describe_difference(a: Any, b: Any) -> tuple[list[str], list[str]]:
+def describe_difference(a: Any, b: Any) -> tuple[list[Any], list[Any]]:
     """Missing (in ``b``, present in ``a``) and extra (in ``b``, absent in ``a``) key paths."""
     ka = key_set(a)
     kb = key_set(b)
     sa, sb = set(ka), set(kb)
-    missing = [fmt_key(k) for k in ka if k not in sb]
-    extra = [fmt_key(k) for k in kb if k not in sa]
+    missing = [k[0] if len(k) == 1 else k for k in ka if k not in sb]
+    extra = [k[0] if len(k) == 1 else k for k in kb if k not in sa]
     return missing, extra
 
 
