@@ -385,9 +385,28 @@ class TensorDict(TensorTree):
         """A plain nested dict of tensors (nested TensorDicts become dicts)."""
         return {k: (v.to_dict() if isinstance(v, TensorDict) else v) for k, v in self._data.items()}
 
+    # ------------------------------------------------------------------ pickling / copy
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_tensordict, (self._data, self._batch_size, self._device))
+
+    def __copy__(self) -> TensorDict:
+        return TensorDict._new(dict(self._data), self._batch_size, self._device)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TensorDict:
+        import copy
+
+        return TensorDict._new(copy.deepcopy(self._data, memo), self._batch_size, self._device)
+
     # ------------------------------------------------------------------ repr
     def __repr__(self) -> str:
         return _repr(self, 0)
+
+
+def _rebuild_tensordict(
+    data: dict[str, Any], batch_size: torch.Size, device: torch.device | None
+) -> TensorDict:
+    """Unpickling entry point (allow-listed for ``torch.load(weights_only=True)``)."""
+    return TensorDict._new(dict(data), torch.Size(batch_size), device)
 
 
 _MISSING_SENTINEL: Any = object()
@@ -489,6 +508,9 @@ def _from_context(keys: Sequence[str], children: Sequence[Any], batch_size: torc
 
 
 register(TensorDict, _from_context, "tdfunc.TensorDict", pytree.MappingKey, optree.MappingEntry)
+# torch.load(weights_only=True) (used by torch.export.load for example inputs) may rebuild
+# TensorDicts: the rebuild function only re-assembles already-unpickled tensors.
+torch.serialization.add_safe_globals([TensorDict, _rebuild_tensordict])
 
 
 def from_dict(d: Mapping[str, Any], *, batch_size: Sequence[int] | None = None,

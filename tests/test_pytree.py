@@ -1,0 +1,177 @@
+"""pytree registration (torch and optree), vmap batch-size rule, export, pickling."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import pickle
+
+import optree
+import torch
+import torch.utils._pytree as P
+from torch.export import Dim
+
+import tdfunc
+from tdfunc import TensorDict
+from tdfunc.testing import assert_close
+
+
+def make_td(b: int = 4) -> TensorDict:
+    return TensorDict(
+        {
+            "a": torch.randn(b, 3, 2),
+            "n": TensorDict({"c": torch.randn(b, 3, 5)}, batch_size=[b, 3, 5]),
+            "e": torch.randn(b, 3),
+        },
+        batch_size=[b, 3],
+    )
+
+
+def test_flatten_unflatten_round_trip():
+    td = make_td()
+    leaves, spec = P.tree_flatten(td)
+    assert len(leaves) == 3 and leaves[0] is td["a"]
+    back = P.tree_unflatten(leaves, spec)
+    assert_close(back, td)
+    assert back["n"].batch_size == (4, 3, 5)
+
+
+def test_context_is_small_hashable_json_and_size_free():
+    td4, td7 = make_td(4), make_td(7)
+    _, s4 = P.tree_flatten(td4)
+    _, s7 = P.tree_flatten(td7)
+    assert s4 == s7  # no absolute sizes in the spec
+    hash(s4.context)
+    json.dumps(P.treespec_dumps(s4))
+    s_back = P.treespec_loads(P.treespec_dumps(s4))
+    assert s_back == s4
+    assert_close(P.tree_unflatten(P.tree_leaves(td7), s_back), td7)
+
+
+def test_empty_tensordict_keeps_its_batch_size():
+    td = TensorDict(batch_size=[2, 3])
+    leaves, spec = P.tree_flatten(td)
+    assert leaves == []
+    assert P.tree_unflatten([], spec).batch_size == (2, 3)
+    assert P.treespec_loads(P.treespec_dumps(spec)) == spec
+
+
+def test_flatten_with_keys_paths():
+    td = make_td()
+    pairs, _ = P.tree_flatten_with_path(td)
+    paths = [P.keystr(p) for p, _ in pairs]
+    assert paths == ["['a']", "['n']['c']", "['e']"]
+
+
+def test_tree_map_keeps_batch_size():
+    td = make_td()
+    out = P.tree_map(lambda x: x * 2, td)
+    assert isinstance(out, TensorDict) and out.batch_size == (4, 3)
+    assert out["n"].batch_size == (4, 3, 5)
+    assert torch.equal(out["e"], td["e"] * 2)
+    # removing the same leading dim from every leaf removes it from the batch
+    summed = P.tree_map(lambda x: x.sum(0), td)
+    assert summed.batch_size == (3,) and summed["n"].batch_size == (3, 5)
+
+
+def test_optree_registration():
+    td = make_td()
+    leaves, spec = optree.tree_flatten(td, namespace=tdfunc.OPTREE_NAMESPACE)
+    assert len(leaves) == 3
+    out = optree.tree_map(lambda x: x + 1, td, namespace="tdfunc")
+    assert isinstance(out, TensorDict) and out.batch_size == td.batch_size
+    assert_close(out, td + 1)
+    paths = optree.tree_paths(td, namespace="tdfunc")
+    assert paths == [("a",), ("n", "c"), ("e",)]
+    assert_close(optree.tree_unflatten(spec, leaves), td)
+
+
+def test_vmap_in_dims_0_batch_size_inside_and_out():
+    td = make_td()
+    seen = []
+
+    def f(t):
+        seen.append((t.batch_size, t["n"].batch_size))
+        return t * 2
+
+    out = torch.vmap(f)(td)
+    assert seen == [(torch.Size([3]), torch.Size([3, 5]))]
+    assert out.batch_size == (4, 3) and out["n"].batch_size == (4, 3, 5)
+    assert_close(out, td * 2)
+
+
+def test_vmap_in_dims_1():
+    td = make_td()
+    seen = []
+
+    def f(t):
+        seen.append(t.batch_size)
+        return t.sum(dim=0)
+
+    out = torch.vmap(f, in_dims=1)(td)
+    assert seen == [torch.Size([4])]
+    assert out.batch_size == (3,)
+    assert torch.allclose(out["e"], td["e"].sum(0))
+
+
+def test_vmap_nested_and_out_dims():
+    td = make_td()
+    out = torch.vmap(torch.vmap(lambda t: t + 1))(td)
+    assert out.batch_size == (4, 3)
+    out1 = torch.vmap(lambda t: t + 1, in_dims=0, out_dims=1)(td)
+    assert out1.batch_size == (3, 4)
+    assert torch.equal(out1["e"], (td["e"] + 1).T)
+
+
+def test_vmap_function_building_a_tensordict():
+    x = torch.randn(5, 3)
+    out = torch.vmap(lambda v: TensorDict(v=v, s=v.sum()))(x)
+    assert out.batch_size == (5,) and out["s"].shape == (5,)
+
+
+def test_vmap_over_tensor_with_tensordict_unbatched():
+    td = make_td()
+    xs = torch.randn(6)
+    out = torch.vmap(lambda x, t: t * x, in_dims=(0, None))(xs, td)
+    assert out.batch_size == (6, 4, 3)
+    assert torch.allclose(out["e"][2], td["e"] * xs[2])
+
+
+def test_export_dynamic_batch_and_save_load():
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+
+        def forward(self, td: TensorDict) -> TensorDict:
+            return td.set("y", self.lin(td["x"])) * 2
+
+    m = M()
+    td = TensorDict({"x": torch.randn(4, 3), "n": {"z": torch.randn(4)}}, batch_size=[4])
+    b = Dim("b")
+    ep = torch.export.export(m, (td,), dynamic_shapes=([{0: b}, [{0: b}]],))
+    td7 = TensorDict({"x": torch.randn(7, 3), "n": {"z": torch.randn(7)}}, batch_size=[7])
+    out = ep.module()(td7)
+    assert isinstance(out, TensorDict) and out.batch_size == (7,)
+    assert_close(out, m(td7))
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    buf.seek(0)
+    loaded = torch.export.load(buf)
+    assert_close(loaded.module()(td7), m(td7))
+
+
+def test_pickle_copy_deepcopy():
+    td = make_td()
+    back = pickle.loads(pickle.dumps(td))
+    assert_close(back, td)
+    buf = io.BytesIO()
+    torch.save(td, buf)
+    buf.seek(0)
+    assert_close(torch.load(buf, weights_only=True), td)
+    c = copy.copy(td)
+    assert c["a"] is td["a"]
+    d = copy.deepcopy(td)
+    assert d["a"] is not td["a"]
+    assert_close(d, td)
