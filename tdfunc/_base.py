@@ -214,6 +214,10 @@ class TensorTree(Node):
         """Move leaves to the CPU."""
         return ops.to(self, "cpu")
 
+    def copy(self: T) -> T:
+        """A shallow copy: a new container sharing the same leaves."""
+        return ops.map_leaves(self, leaves(self))
+
     def leaves(self) -> list[Tensor]:
         """All tensor leaves, depth first."""
         return leaves(self)

@@ -223,7 +223,14 @@ def _infer_shape(shape: tuple[Any, ...], numel: Any) -> tuple[Any, ...]:
 
 
 def reshape(node: Any, *shape: Any) -> Any:
-    """Reshape the batch dims (``-1`` allowed); feature dims are kept."""
+    """Reshape the batch dims (``-1`` allowed); feature dims are kept.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(4, 3, 2), batch_size=[4, 3])
+        >>> td.reshape(-1).batch_size, td.reshape(-1)["a"].shape
+        (torch.Size([12]), torch.Size([12, 2]))
+    """
     bs = node._batch_size
     bd = len(bs)
     new = _infer_shape(_shape_arg(shape), math.prod(bs))
@@ -239,7 +246,14 @@ def view(node: Any, *shape: Any) -> Any:
 
 
 def permute(node: Any, *dims: Any) -> Any:
-    """Permute the batch dims."""
+    """Permute the batch dims.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(4, 3, 2), batch_size=[4, 3])
+        >>> td.permute(1, 0)["a"].shape
+        torch.Size([3, 4, 2])
+    """
     bs = node._batch_size
     bd = len(bs)
     dims = _shape_arg(dims)
@@ -353,7 +367,14 @@ def stack(nodes: Sequence[Any], dim: int = 0) -> Any:
 
 
 def cat(nodes: Sequence[Any], dim: int = 0) -> Any:
-    """Concatenate containers of identical structure along an existing batch dim."""
+    """Concatenate containers of identical structure along an existing batch dim.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(2, 3), batch_size=[2])
+        >>> tdfunc.cat([td, td]).batch_size
+        torch.Size([4])
+    """
     nodes = list(nodes)
     if not nodes:
         raise ValueError("cat expects a non-empty sequence")
@@ -383,7 +404,14 @@ def _split_results(node: Any, pieces_per_leaf: list[Sequence[Tensor]], shapes: l
 
 
 def unbind(node: Any, dim: int = 0) -> tuple[Any, ...]:
-    """Split along a batch dim into a tuple of containers without that dim."""
+    """Split along a batch dim into a tuple of containers without that dim.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> parts = tdfunc.TensorDict(a=torch.zeros(2, 3), batch_size=[2, 3]).unbind(1)
+        >>> len(parts), parts[0].batch_size
+        (3, torch.Size([2]))
+    """
     bs = node._batch_size
     d = norm_dim(dim, len(bs), bs)
     ls = leaves(node)
@@ -393,7 +421,14 @@ def unbind(node: Any, dim: int = 0) -> tuple[Any, ...]:
 
 
 def split(node: Any, split_size: int | Sequence[int], dim: int = 0) -> tuple[Any, ...]:
-    """Split along a batch dim into chunks of ``split_size`` (or the given sizes)."""
+    """Split along a batch dim into chunks of ``split_size`` (or the given sizes).
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(5), batch_size=[5])
+        >>> [p.batch_size[0] for p in td.split([2, 3])]
+        [2, 3]
+    """
     bs = node._batch_size
     d = norm_dim(dim, len(bs), bs)
     probe, _ = _probe(node)
@@ -445,6 +480,14 @@ def apply(node: Any, fn: Callable[..., Tensor], *others: Any, batch_size: Sequen
 
     The result keeps ``node``'s batch size unless ``batch_size`` is given; each result leaf is
     checked against it.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.ones(2, 3), batch_size=[2])
+        >>> td.apply(lambda x, y: x + y, td)["a"].sum().item()
+        12.0
+        >>> td.apply(lambda x: x.sum(0), batch_size=[])["a"].shape
+        torch.Size([3])
     """
     for o in others:
         _check_same_keys(node, o, "apply")
@@ -480,7 +523,13 @@ def _parse_to(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def to(node: Any, *args: Any, **kwargs: Any) -> Any:
-    """``leaf.to(*args, **kwargs)`` on every leaf; a device argument sets the result's device."""
+    """``leaf.to(*args, **kwargs)`` on every leaf; a device argument sets the result's device.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> tdfunc.TensorDict(a=torch.zeros(2)).to(torch.float64)["a"].dtype
+        torch.float64
+    """
     device, _ = _parse_to(args, kwargs)
     out = [x.to(*args, **kwargs) for x in leaves(node)]
     return map_leaves(node, out, None, node._device if device is None else device)
@@ -586,7 +635,17 @@ def _can_foreach(ls: list[Tensor]) -> bool:
 
 
 def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
-    """Elementwise ``op(a, b)`` where one or both operands are nodes of the same structure."""
+    """Elementwise ``op(a, b)`` where one or both operands are nodes of the same structure.
+
+    Numbers and same-shaped TensorDict pairs use one ``torch._foreach_*`` call for
+    ``+ - * /`` (per-leaf ops inside ``torch.vmap``, where foreach has no batching rule).
+
+    Example:
+        >>> import operator, torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.ones(2))
+        >>> tdfunc._ops.binary(operator.mul, td, 3)["a"].tolist()
+        [3.0, 3.0]
+    """
     if is_node(a) and is_node(b):
         _check_same_keys(a, b, f"{getattr(op, '__name__', op)}")
         la, lb = leaves(a), leaves(b)
@@ -662,6 +721,12 @@ def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwarg
 
     With ``dim=None`` each leaf is reduced whole (the result has ``batch_size=()``, 0-d leaves);
     with ``dim`` (an int or a tuple of batch dims) only those batch dims are reduced.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.ones(4, 3), batch_size=[4])
+        >>> td.sum(dim=0)["a"].tolist(), td.sum()["a"].item()
+        ([4.0, 4.0, 4.0], 12.0)
     """
     fn = getattr(torch, name)
     ls = leaves(node)

@@ -281,3 +281,23 @@ def test_empty_tensordict():
     assert tdfunc.stack([td, td]).batch_size == (2, 3, 2)
     assert td.unbind(1)[0].batch_size == (3,)
     assert td.all().item() is True and td.any().item() is False
+
+
+def test_assert_close_names_first_differing_path():
+    td = make_td()
+    with pytest.raises(AssertionError, match="key \\('b', 'c'\\)"):
+        assert_close(td.set(("b", "c"), td["b", "c"] + 1), td)
+    with pytest.raises(AssertionError, match="keys differ: missing \\['a'\\]"):
+        assert_close(td.exclude("a"), td)
+    with pytest.raises(AssertionError, match="batch_size \\(2,\\) != \\(4,\\)"):
+        assert_close(td[:2], td)
+    with pytest.raises(AssertionError, match="expected a TensorDict, got a Tensor"):
+        assert_close(td["a"], td)
+    assert_close(td, td.clone())
+
+
+def test_copy_is_shallow_and_new():
+    td = make_td()
+    c = td.copy()
+    assert c is not td and c["a"] is td["a"] and c["b"] is not td["b"]
+    assert_close(c, td)
