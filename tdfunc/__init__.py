@@ -18,6 +18,7 @@ from ._ops import (
     zeros_like,
 )
 from ._tree import OPTREE_NAMESPACE, is_node
+from .tensorclass import is_tensorclass, tensorclass
 from .tensordict import TensorDict, from_dict
 
 __version__ = "0.1.0"
@@ -31,8 +32,10 @@ __all__ = [
     "from_dict",
     "full_like",
     "is_node",
+    "is_tensorclass",
     "ones_like",
     "stack",
+    "tensorclass",
     "testing",
     "zeros_like",
 ]

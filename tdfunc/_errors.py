@@ -28,3 +28,8 @@ BATCH_DIM_RANGE = "dim {dim} is out of range for batch_size {batch_size} ({batch
 BOOL_AMBIGUOUS = (
     "the truth value of a {cls} is ambiguous; use .all() or .any(), which return 0-d bool tensors"
 )
+VMAP_DIM = (
+    "torch.vmap maps dim {dim} of the leaf at key {key!r}, which is not a batch dim of its "
+    "TensorDict/tensorclass ({batch_dims} batch dims): in_dims for a container must name one of "
+    "its batch dims (0 to batch_dims - 1), or be None"
+)

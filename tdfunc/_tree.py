@@ -194,6 +194,28 @@ def flatten(node: Node) -> tuple[list[Any], tuple]:
     return children, _context(node)
 
 
+_is_batched = torch._C._functorch.is_batchedtensor
+
+
+def _first_tensor(node: Node) -> Tensor | None:
+    """The first tensor leaf of ``node`` (None when its children are not tensors)."""
+    for v in node._tdf_children():
+        if isinstance(v, Tensor):
+            return v
+        if is_node(v):
+            return _first_tensor(v)
+        if v is not None:
+            return None
+    return None
+
+
+def _check_vmap_input(leaf: Tensor, batch_dims: int, key: str) -> None:
+    """A vmap input lost one dim: it must be a batch dim (``ValueError`` otherwise)."""
+    from ._vmap import check_vmapped_dim  # imported on first use: keeps torch._dynamo lazy
+
+    check_vmapped_dim(leaf, batch_dims, key)
+
+
 def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
     """Batch size of a node rebuilt from ``children`` under context ``ctx``.
 
@@ -201,15 +223,21 @@ def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
     """
     keys, bd, ndims, _dev, empty, _static = ctx
     it = iter(children)
-    for nd in ndims:
+    for i, nd in enumerate(ndims):
         if nd == -1:
             continue
         c = next(it)
         if isinstance(c, Tensor):
             new_bd = bd + c.ndim - nd
+            if new_bd == bd - 1 and _is_batched(c):
+                _check_vmap_input(c, bd, keys[i])
             return c.shape[: max(new_bd, 0)]
         if is_node(c):
             new_bd = bd + len(c._batch_size) - nd
+            if new_bd == bd - 1:
+                first = _first_tensor(c)
+                if first is not None and _is_batched(first):
+                    _check_vmap_input(first, bd, keys[i])
             return c._batch_size[: max(new_bd, 0)]
         return None
     return torch.Size(empty if empty is not None else ())

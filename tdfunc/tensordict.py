@@ -493,7 +493,8 @@ def _repr(node: Any, indent: int) -> str:
         if isinstance(v, Tensor):
             desc = f"Tensor(shape={tuple(v.shape)}, dtype={v.dtype})"
         elif is_node(v):
-            desc = _repr(v, indent + 1)
+            own = getattr(v, "_tdf_repr", None)  # tensorclasses also show their static fields
+            desc = _repr(v, indent + 1) if own is None else own(indent + 1)
         else:
             desc = repr(v)
         lines.append(f"{pad}{k}: {desc},")
