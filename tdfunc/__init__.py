@@ -18,12 +18,15 @@ from ._ops import (
     zeros_like,
 )
 from ._tree import OPTREE_NAMESPACE, is_node
+from .memmap import MemmapFormatError, MemoryMappedTensor, load, memmap_like, save
 from .tensorclass import is_tensorclass, tensorclass
 from .tensordict import TensorDict, from_dict
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MemmapFormatError",
+    "MemoryMappedTensor",
     "OPTREE_NAMESPACE",
     "TensorDict",
     "TensorTree",
@@ -33,7 +36,10 @@ __all__ = [
     "full_like",
     "is_node",
     "is_tensorclass",
+    "load",
+    "memmap_like",
     "ones_like",
+    "save",
     "stack",
     "tensorclass",
     "testing",

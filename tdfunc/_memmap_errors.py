@@ -1,0 +1,77 @@
+"""Error types and message templates of the memory-mapped storage (kept here so tests can
+assert on them)."""
+
+from __future__ import annotations
+
+
+class MemmapFormatError(ValueError):
+    """A store on disk is not valid: corrupt or truncated manifest, unknown format version,
+    a data file shorter than the manifest says, an unknown dtype or container type.
+
+    It is a ``ValueError``; the message names the file at fault.
+
+    Example:
+        >>> import tdfunc
+        >>> issubclass(tdfunc.MemmapFormatError, ValueError)
+        True
+    """
+
+
+READ_ONLY = (
+    "cannot write to the memory-mapped file {filename!r} ({op}): it was opened read-only "
+    "(mode='r'). Open it with mode='r+' to write to the file, or mode='c' to write to a "
+    "private in-memory copy, or write to a copy made with .clone()"
+)
+NO_CONSTRUCTOR = (
+    "MemoryMappedTensor cannot be built directly; use MemoryMappedTensor.from_tensor, "
+    ".from_filename, .empty or .zeros (or tdfunc.load for a whole store)"
+)
+BAD_MODE = "mode must be 'r' (read-only), 'r+' (read-write) or 'c' (copy-on-write), got {mode!r}"
+NOT_WRITABLE = (
+    "cannot open {filename!r} with mode='r+': the file is not writable by this process "
+    "({reason}). Use mode='r' to read it or mode='c' for a private writable copy"
+)
+FILE_EXISTS = "{filename!r} already exists; pass exist_ok=True to replace it"
+STORE_EXISTS = "{path!r} already exists; pass overwrite=True to replace it"
+NOT_A_STORE_OVERWRITE = (
+    "{path!r} exists and is not a tdfunc store (no {manifest}); refusing to replace it "
+    "even with overwrite=True. Remove it yourself or choose another path"
+)
+FILE_TOO_SHORT = (
+    "{filename!r} holds {size} bytes, but {need} bytes are needed for shape {shape} of dtype "
+    "{dtype} at offset {offset}"
+)
+BAD_OFFSET = (
+    "offset must be a non-negative multiple of {itemsize} (the size of {dtype}), got {offset}"
+)
+UNSUPPORTED_DTYPE = "dtype {dtype} cannot be memory-mapped{where}; supported dtypes: {supported}"
+UNSUPPORTED_LEAF = (
+    "key {key}: a {what} tensor cannot be memory-mapped; only strided (dense) tensors can be saved"
+)
+BAD_SHAPE = "shape must be a sequence of non-negative ints, got {shape!r}"
+NOT_A_CONTAINER = "expected a TensorDict or a tensorclass instance, got {typ}"
+UNREGISTERED_TYPE = (
+    "{typ} is not registered as a pytree node with a serialized type name, so it cannot be saved"
+)
+STATIC_NOT_JSON = (
+    "field {name!r} of {typ} holds a {vtyp}, which cannot be written to the JSON manifest; "
+    "non-tensor fields may hold None, bool, int, float, str and tuples of these"
+)
+NO_MANIFEST = "{path!r} is not a tdfunc store: {manifest!r} is missing"
+NOT_FOUND = "no tdfunc store at {path!r}"
+CORRUPT_MANIFEST = "corrupt manifest {manifest!r}: {detail}"
+UNKNOWN_VERSION = (
+    "manifest {manifest!r} has format version {version!r}; this version of tdfunc reads "
+    "versions {supported}. Upgrade tdfunc to load it"
+)
+DATA_TOO_SHORT = (
+    "data file {filename!r} holds {size} bytes, but manifest {manifest!r} needs {need} bytes; "
+    "the store is truncated or damaged"
+)
+DATA_MISSING = "data file {filename!r} named by manifest {manifest!r} is missing"
+UNKNOWN_TYPE = (
+    "manifest {manifest!r}: container type {name!r} at {where} is not registered in this "
+    "process; import the module that defines that tensorclass before calling load()"
+)
+UNKNOWN_DTYPE = "manifest {manifest!r}: unknown or unsupported dtype {dtype!r} at key {key}"
+PROGRESS_NEEDS_TQDM = "progress=True needs the optional dependency tqdm (pip install tqdm)"

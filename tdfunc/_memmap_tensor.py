@@ -1,0 +1,698 @@
+"""``MemoryMappedTensor``: a tensor leaf backed by a file, whose mode is part of the leaf.
+
+How a write to a read-only (``mode="r"``) leaf is refused
+--------------------------------------------------------
+Two independent layers, so that no code path can change the file or crash the process:
+
+1. **Python level, every tensor method.** ``MemoryMappedTensor`` is a *traceable wrapper
+   subclass*: it holds a plain tensor ``_inner`` over the mapped bytes and implements
+   ``__torch_dispatch__``. Every ATen op that reaches it is checked against the op's schema:
+   an argument whose alias annotation says ``is_write`` (``add_``, ``copy_``, ``fill_``,
+   ``index_put_`` from ``x[i] = v``, ``out=`` arguments, ``_foreach_*_``...) that is a read-only
+   leaf is refused *before* the op runs. The schema is the single source of truth, so no
+   list of method names can go stale. Views (indexing, ``view``, ``unbind``, ``detach``...) are
+   recognised from the same alias annotations and stay ``MemoryMappedTensor`` with the mode of
+   their source, so a write through a view is refused too; every other result is a plain
+   tensor.
+2. **OS level, everything else.** A read-only leaf is a *private* (copy-on-write,
+   ``MAP_PRIVATE``) mapping of a file opened ``O_RDONLY``. Code that bypasses tensor methods
+   (``torch.from_numpy(leaf.numpy())``, ``ctypes``, a C extension) can at worst change
+   process-private pages: the file is never touched and, since the pages are writable, nothing
+   segfaults. ``leaf.numpy()`` of a read-only leaf also returns a non-writeable array, so
+   numpy itself refuses the write. (A shared read-only ``PROT_READ`` mapping, as ``numpy.memmap``
+   and an early tensordict used, segfaults on such writes.)
+
+The refusal is raised by a tiny custom op, ``tdfunc::refuse_write``, registered as an *ordered
+effect*. In eager mode it raises at once. Under ``torch.compile`` it is recorded in the graph
+(its fake kernel does nothing), kept by dead-code elimination and ordered before the write, so
+the *compiled* function raises the same ``PermissionError`` naming the file when it runs, with
+the ``eager``, ``aot_eager`` and ``inductor`` backends alike. (Raising while tracing would
+reach the user as Dynamo's ``TorchRuntimeError``, not as a ``PermissionError``.)
+
+Why a wrapper subclass and not a plain ``torch.Tensor`` subclass
+---------------------------------------------------------------
+tensordict's ``MemoryMappedTensor`` is a plain subclass (``_make_subclass``) with
+``__torch_function__`` disabled. Under ``aot_eager`` the compiled function's first call runs
+under an aliasing check mode (``_AnalyzeCustomOpInputOutputMode``) that returns
+``NotImplemented`` for any tensor type it does not know, so the first call fails unless the
+process-wide ``torch._functorch.config.check_custom_op_aliasing`` is turned off. A traceable
+wrapper subclass (``__tensor_flatten__`` / ``__tensor_unflatten__``) is unwrapped by AOTAutograd
+at the compile boundary: the compiled graph only ever sees the plain inner tensor, so all three
+backends work from the first call with no global setting.
+
+Compile guards
+--------------
+``__tensor_flatten__`` returns ``(filename, mode, offset)`` as metadata, which Dynamo guards
+on. A compiled function therefore compiles once per (store file, mode): the metadata is needed
+to rebuild views returned by the compiled function with the right file (AOTAutograd rebuilds
+output subclasses from the traced metadata; with the file left out of the guard, a view
+returned for store B was labelled with store A's file) and to name the file in the error.
+Calling the compiled function on new data saved at the same path does not recompile.
+
+Mapping
+-------
+The whole file is mapped once with ``torch.UntypedStorage.from_file`` (``shared=True`` for
+``"r+"``, private otherwise; it closes its descriptor after mapping, so many mapped leaves do
+not use up descriptors). Each leaf gets a storage *of its own*: a slice of that mapping that
+covers exactly the leaf's bytes and keeps the mapping alive. This matters under
+``torch.compile``: functionalizing an in-place write clones "the whole storage" of the written
+input (``clone_preserve_strides``); with one storage for the whole file that would copy the
+whole store for a one-row write (and it asserts when the file size is not a multiple of the
+dtype's size). A leaf records the file offset of its storage, so pickling by reference is
+exact: ``(filename, mode, offset, nbytes, dtype, shape, stride, storage offset)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import _memmap_errors as E
+
+MODES = ("r", "r+", "c")
+
+#: dtypes that can be memory-mapped, by the name written to manifests
+DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    )
+}
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _name):
+        DTYPES[_name] = getattr(torch, _name)
+DTYPE_NAMES: dict[torch.dtype, str] = {d: n for n, d in DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype, where: str = "") -> str:
+    """The manifest name of ``dtype`` (``TypeError`` when it cannot be memory-mapped)."""
+    name = DTYPE_NAMES.get(dtype)
+    if name is None:
+        raise TypeError(
+            E.UNSUPPORTED_DTYPE.format(dtype=dtype, where=where, supported=", ".join(DTYPES))
+        )
+    return name
+
+
+def check_mode(mode: str) -> str:
+    """``mode`` if it is one of ``"r"``, ``"r+"``, ``"c"`` (``ValueError`` otherwise)."""
+    if mode not in MODES:
+        raise ValueError(E.BAD_MODE.format(mode=mode))
+    return mode
+
+
+def as_shape(shape: Any) -> torch.Size:
+    """A ``torch.Size`` from an int or a sequence of non-negative ints."""
+    if isinstance(shape, int):
+        shape = (shape,)
+    if not isinstance(shape, Sequence) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+    ):
+        raise ValueError(E.BAD_SHAPE.format(shape=shape))
+    return torch.Size(shape)
+
+
+def nbytes_of(shape: Sequence[int], dtype: torch.dtype) -> int:
+    """Bytes taken by a contiguous tensor of ``shape`` and ``dtype``."""
+    n = dtype.itemsize
+    for s in shape:
+        n *= s
+    return n
+
+
+# --------------------------------------------------------------------------------------
+# refusing writes: an ordered-effect custom op (raises when it runs, eager or compiled)
+# --------------------------------------------------------------------------------------
+@torch.library.custom_op("tdfunc::refuse_write", mutates_args=())
+def _refuse_write(x: Tensor, filename: str, op: str) -> None:
+    raise PermissionError(E.READ_ONLY.format(filename=filename, op=op))
+
+
+@_refuse_write.register_fake
+def _refuse_write_fake(x: Tensor, filename: str, op: str) -> None:
+    return None
+
+
+_refuse_write.register_effect(torch.library.EffectType.ORDERED)
+
+
+# --------------------------------------------------------------------------------------
+# schema analysis (one entry per ATen overload, computed once)
+# --------------------------------------------------------------------------------------
+_PLAIN, _VIEW, _WRITE = 0, 1, 2
+
+
+@functools.cache
+def _op_info(func: Any) -> tuple[tuple[tuple[int, str], ...], tuple[tuple[int, int, str], ...]]:
+    """``(written args, returns)`` of an ATen overload, from its schema's alias annotations.
+
+    Written args: ``(position, name)`` of each argument annotated ``(a!)``. Returns:
+    ``(kind, source position, source name)`` with kind plain / view of an argument / the
+    written argument itself.
+    """
+    schema = func._schema
+    writes = []
+    alias_of: list[tuple[frozenset[str], int, str]] = []
+    wild: tuple[int, str] | None = None
+    for i, a in enumerate(schema.arguments):
+        info = a.alias_info
+        if info is None:
+            continue
+        alias_of.append((frozenset(info.before_set), i, a.name))
+        if wild is None and "*" in info.after_set:
+            wild = (i, a.name)
+        if info.is_write:
+            writes.append((i, a.name))
+    rets = []
+    for r in schema.returns:
+        info = r.alias_info
+        if info is None:
+            rets.append((_PLAIN, -1, ""))
+            continue
+        sets = frozenset(info.before_set)
+        if sets:
+            src = next(((i, n) for s, i, n in alias_of if s & sets), None)
+        else:
+            # ``Tensor(a)[]`` returns (unbind, split, chunk...) do not expose their alias set:
+            # the source is the argument annotated ``Tensor(a -> *)``
+            src = wild
+        if src is None:
+            rets.append((_PLAIN, -1, ""))
+        else:
+            rets.append((_WRITE if info.is_write else _VIEW, src[0], src[1]))
+    return tuple(writes), tuple(rets)
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str) -> Any:
+    return args[pos] if pos < len(args) else kwargs.get(name)
+
+
+def _unwrap(x: Any) -> Any:
+    if isinstance(x, MemoryMappedTensor):
+        return x._inner
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v) for v in x)
+    return x
+
+
+def _refuse_if_read_only(value: Any, func: Any) -> None:
+    if isinstance(value, MemoryMappedTensor):
+        if value._mode == "r":
+            torch.ops.tdfunc.refuse_write(value._inner, value._filename, str(func))
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _refuse_if_read_only(v, func)
+
+
+def _rewrap(out: Any, src: MemoryMappedTensor) -> Any:
+    if isinstance(out, Tensor):
+        return MemoryMappedTensor._wrap(out, src._filename, src._mode, src._offset)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_rewrap(o, src) for o in out)
+    return out
+
+
+def _result(out: Any, ret: tuple[int, int, str], args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    kind, pos, name = ret
+    if kind == _PLAIN:
+        return out
+    src = _arg(args, kw, pos, name)
+    if kind == _WRITE:
+        return src  # an in-place / out= op returns the very argument it wrote
+    return _rewrap(out, src) if isinstance(src, MemoryMappedTensor) else out
+
+
+class MemoryMappedTensor(Tensor):
+    """A tensor backed by a file, with its ``filename`` and ``mode`` as part of the leaf.
+
+    * ``"r"``: read-only. Any write (``add_``, ``copy_``, ``fill_``, ``x[i] = v``, ``out=``...),
+      also through a view and inside ``torch.compile``, raises ``PermissionError`` naming the
+      file; the file is mapped privately, so no other path can change it or crash.
+    * ``"r+"``: read-write; writes go to the file and are seen by every process mapping it.
+    * ``"c"``: copy-on-write; writable in memory, the file is never changed.
+
+    Arithmetic results are plain tensors; views (indexing, ``view``, ``unbind``...) stay
+    ``MemoryMappedTensor`` with the mode of their source. Pickling sends the file name and the
+    metadata, not the data. Build one with :meth:`from_tensor`, :meth:`from_filename`,
+    :meth:`empty` or :meth:`zeros`; :func:`tdfunc.load` maps a whole saved TensorDict.
+
+    Example:
+        >>> import os, tempfile, torch
+        >>> from tdfunc import MemoryMappedTensor
+        >>> f = os.path.join(tempfile.mkdtemp(), "x.bin")
+        >>> x = MemoryMappedTensor.from_tensor(torch.arange(4.0), f)
+        >>> y = MemoryMappedTensor.from_filename(f, torch.float32, (4,))   # mode="r"
+        >>> (y * 2).tolist(), y.mode, type(y[1:]).__name__
+        ([0.0, 2.0, 4.0, 6.0], 'r', 'MemoryMappedTensor')
+        >>> try:
+        ...     y[0] = 1.0
+        ... except PermissionError:
+        ...     print("refused")
+        refused
+    """
+
+    __slots__ = ("_inner", "_filename", "_mode", "_offset")
+    _inner: Tensor
+    _filename: str
+    _mode: str
+    _offset: int
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> MemoryMappedTensor:
+        raise TypeError(E.NO_CONSTRUCTOR)
+
+    @staticmethod
+    def _wrap(inner: Tensor, filename: str, mode: str, offset: int) -> MemoryMappedTensor:
+        """Trusted constructor: wrap a plain tensor whose storage maps the bytes of
+        ``filename`` that start at ``offset``."""
+        r = Tensor._make_wrapper_subclass(
+            MemoryMappedTensor,
+            inner.shape,
+            strides=inner.stride(),
+            storage_offset=inner.storage_offset(),
+            dtype=inner.dtype,
+            device=inner.device,
+            layout=inner.layout,
+            requires_grad=False,
+        )
+        r._inner = inner
+        r._filename = filename
+        r._mode = mode
+        r._offset = offset
+        return r
+
+    # ------------------------------------------------------------------ attributes
+    @property
+    def filename(self) -> str:
+        """Absolute path of the mapped file."""
+        return self._filename
+
+    @property
+    def mode(self) -> str:
+        """``"r"`` (read-only), ``"r+"`` (read-write) or ``"c"`` (copy-on-write)."""
+        return self._mode
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        return (
+            f"MemoryMappedTensor({self._inner!r}, filename={self._filename!r}, mode={self._mode!r})"
+        )
+
+    # ------------------------------------------------------------------ dispatch
+    @classmethod
+    def __torch_dispatch__(
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kw = kwargs or {}
+        writes, rets = _op_info(func)
+        for pos, name in writes:
+            _refuse_if_read_only(_arg(args, kw, pos, name), func)
+        out = func(*_unwrap(args), **{k: _unwrap(v) for k, v in kw.items()})
+        if len(rets) == 1:
+            return _result(out, rets[0], args, kw)
+        if not rets:
+            return out
+        return tuple(_result(o, r, args, kw) for o, r in zip(out, rets))
+
+    # ------------------------------------------------------------------ compile support
+    def __tensor_flatten__(self) -> tuple[list[str], tuple[str, str, int]]:
+        return ["_inner"], (self._filename, self._mode, self._offset)
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner_tensors: dict[str, Tensor],
+        meta: tuple[str, str, int],
+        outer_size: Any,
+        outer_stride: Any,
+    ) -> MemoryMappedTensor:
+        return MemoryMappedTensor._wrap(inner_tensors["_inner"], *meta)
+
+    def _stable_hash_for_caching(self) -> str:
+        key = repr((self._filename, self._mode, self._offset, str(self.dtype), tuple(self.shape)))
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    # ------------------------------------------------------------------ escapes
+    def numpy(self, *, force: bool = False) -> np.ndarray:
+        """A numpy array sharing the mapped memory; not writeable for a ``"r"`` leaf."""
+        arr = self._inner.numpy(force=force)
+        if self._mode == "r":
+            arr.flags.writeable = False
+        return arr
+
+    def __format__(self, format_spec: str) -> str:
+        return self._inner.__format__(format_spec)
+
+    def tolist(self) -> Any:
+        """The data as nested Python lists."""
+        return self._inner.tolist()
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, tuple[Any, ...]]:
+        inner = self._inner
+        return (
+            _rebuild,
+            (
+                self._filename,
+                self._mode,
+                self._offset,
+                inner.untyped_storage().nbytes(),
+                dtype_name(inner.dtype),
+                tuple(inner.shape),
+                tuple(inner.stride()),
+                inner.storage_offset(),
+            ),
+        )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
+        """A deep copy is an in-memory copy of the data (a plain tensor)."""
+        return self._inner.clone()
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_filename(
+        cls,
+        filename: str | os.PathLike[str],
+        dtype: torch.dtype,
+        shape: Sequence[int] | int,
+        *,
+        mode: str = "r",
+        offset: int = 0,
+    ) -> MemoryMappedTensor:
+        """Map ``shape`` elements of ``dtype`` stored contiguously at byte ``offset`` of a file.
+
+        Nothing is read until used. ``mode="r+"`` on a file this process cannot write raises
+        ``PermissionError`` here; a file too short raises ``ValueError``.
+
+        Example:
+            >>> import os, tempfile, numpy as np, torch
+            >>> from tdfunc import MemoryMappedTensor
+            >>> f = os.path.join(tempfile.mkdtemp(), "raw.bin")
+            >>> np.arange(6, dtype=np.int32).tofile(f)
+            >>> MemoryMappedTensor.from_filename(f, torch.int32, (2, 2), offset=8).tolist()
+            [[2, 3], [4, 5]]
+        """
+        check_mode(mode)
+        shape = as_shape(shape)
+        dtype_name(dtype)
+        fname = os.path.abspath(os.fspath(filename))
+        if not isinstance(offset, int) or offset < 0 or offset % dtype.itemsize:
+            raise ValueError(
+                E.BAD_OFFSET.format(itemsize=dtype.itemsize, dtype=dtype, offset=offset)
+            )
+        need = offset + nbytes_of(shape, dtype)
+        size = os.stat(fname).st_size
+        if size < need:
+            raise ValueError(
+                E.FILE_TOO_SHORT.format(
+                    filename=fname,
+                    size=size,
+                    need=need,
+                    shape=tuple(shape),
+                    dtype=dtype,
+                    offset=offset,
+                )
+            )
+        inner = leaf_tensor(map_file(fname, mode, size), offset, dtype, shape)
+        return cls._wrap(inner, fname, mode, offset)
+
+    @classmethod
+    def from_tensor(
+        cls, t: Tensor, filename: str | os.PathLike[str], *, exist_ok: bool = False
+    ) -> MemoryMappedTensor:
+        """Write ``t``'s data to ``filename`` (atomically) and map it read-write (``"r+"``).
+
+        ``FileExistsError`` if the file exists and ``exist_ok`` is false. The data of a
+        tensor on another device is copied to the host; gradients are not kept.
+
+        Example:
+            >>> import os, tempfile, torch
+            >>> from tdfunc import MemoryMappedTensor
+            >>> f = os.path.join(tempfile.mkdtemp(), "t.bin")
+            >>> m = MemoryMappedTensor.from_tensor(torch.ones(2, 3), f)
+            >>> m.shape, m.mode, os.path.getsize(f)
+            (torch.Size([2, 3]), 'r+', 24)
+        """
+        if not isinstance(t, Tensor):
+            raise TypeError(f"from_tensor expects a torch.Tensor, got {type(t).__name__}")
+        check_leaf(t, "'t'")
+        fname = os.path.abspath(os.fspath(filename))
+        if not exist_ok and os.path.lexists(fname):
+            raise FileExistsError(E.FILE_EXISTS.format(filename=fname))
+        nbytes = nbytes_of(t.shape, t.dtype)
+
+        def fill(fd: int) -> None:
+            write_tensor(fd, t, None)
+
+        _atomic_file(fname, nbytes, fill)
+        return cls.from_filename(fname, t.dtype, t.shape, mode="r+")
+
+    @classmethod
+    def empty(
+        cls,
+        shape: Sequence[int] | int,
+        dtype: torch.dtype,
+        filename: str | os.PathLike[str],
+        *,
+        exist_ok: bool = False,
+    ) -> MemoryMappedTensor:
+        """A new read-write (``"r+"``) file of ``shape`` and ``dtype``, disk space reserved.
+
+        The space is reserved with ``posix_fallocate``, so a full disk is reported here, not
+        as a crash on a later write. The contents read as zeros.
+
+        Example:
+            >>> import os, tempfile, torch
+            >>> from tdfunc import MemoryMappedTensor
+            >>> f = os.path.join(tempfile.mkdtemp(), "e.bin")
+            >>> MemoryMappedTensor.empty((2, 2), torch.float64, f).shape
+            torch.Size([2, 2])
+        """
+        shape = as_shape(shape)
+        dtype_name(dtype)
+        fname = os.path.abspath(os.fspath(filename))
+        if not exist_ok and os.path.lexists(fname):
+            raise FileExistsError(E.FILE_EXISTS.format(filename=fname))
+        _atomic_file(fname, nbytes_of(shape, dtype), None)
+        return cls.from_filename(fname, dtype, shape, mode="r+")
+
+    @classmethod
+    def zeros(
+        cls,
+        shape: Sequence[int] | int,
+        dtype: torch.dtype,
+        filename: str | os.PathLike[str],
+        *,
+        exist_ok: bool = False,
+    ) -> MemoryMappedTensor:
+        """Like :meth:`empty`, with the contents guaranteed to be zeros.
+
+        Example:
+            >>> import os, tempfile, torch
+            >>> from tdfunc import MemoryMappedTensor
+            >>> f = os.path.join(tempfile.mkdtemp(), "z.bin")
+            >>> MemoryMappedTensor.zeros(3, torch.int64, f).tolist()
+            [0, 0, 0]
+        """
+        return cls.empty(shape, dtype, filename, exist_ok=exist_ok)
+
+
+def _rebuild(
+    filename: str,
+    mode: str,
+    offset: int,
+    nbytes: int,
+    dtype: str,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    storage_offset: int,
+) -> MemoryMappedTensor:
+    """Unpickle a leaf: map the file again (no data travelled)."""
+    dt = DTYPES[dtype]
+    check_mode(mode)
+    size = os.stat(filename).st_size
+    if size < offset + nbytes:
+        raise ValueError(
+            E.FILE_TOO_SHORT.format(
+                filename=filename,
+                size=size,
+                need=offset + nbytes,
+                shape=shape,
+                dtype=dt,
+                offset=offset,
+            )
+        )
+    storage = map_file(filename, mode, size)[offset : offset + nbytes]
+    inner = torch.empty(0, dtype=dt).set_(storage, storage_offset, shape, stride)
+    return MemoryMappedTensor._wrap(inner, filename, mode, offset)
+
+
+# --------------------------------------------------------------------------------------
+# files: mapping, writing, atomic creation
+# --------------------------------------------------------------------------------------
+def check_writable(filename: str) -> None:
+    """``PermissionError`` naming ``filename`` when this process cannot open it for writing."""
+    try:
+        fd = os.open(filename, os.O_RDWR)
+    except PermissionError as e:
+        raise PermissionError(E.NOT_WRITABLE.format(filename=filename, reason=e.strerror)) from e
+    os.close(fd)
+
+
+def map_file(filename: str, mode: str, size: int) -> torch.UntypedStorage:
+    """The first ``size`` bytes of ``filename`` as one storage (a lazy mapping).
+
+    ``"r+"`` maps shared (writes reach the file); ``"r"`` and ``"c"`` map privately
+    (copy-on-write) from a read-only descriptor. The caller checked the file size.
+    """
+    shared = mode == "r+"
+    if shared:
+        check_writable(filename)
+    if size == 0:
+        return torch.UntypedStorage(0)
+    return torch.UntypedStorage.from_file(filename, shared, size)
+
+
+def leaf_tensor(
+    storage: torch.UntypedStorage, offset: int, dtype: torch.dtype, shape: torch.Size
+) -> Tensor:
+    """A contiguous tensor over bytes ``[offset, offset + nbytes)`` of a file's storage.
+
+    The tensor gets a storage of its own that covers exactly its bytes (a slice that keeps the
+    mapping alive), so what torch does to "the whole storage" of a leaf (e.g. the clone that
+    functionalizes an in-place write under ``torch.compile``) is bounded by the leaf's size.
+    """
+    n = nbytes_of(shape, dtype)
+    if n == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.empty(0, dtype=dtype).set_(storage[offset : offset + n], 0, shape)
+
+
+def check_leaf(t: Tensor, key: str) -> None:
+    """``TypeError`` for tensors that cannot be stored as raw bytes."""
+    if t.layout != torch.strided:
+        raise TypeError(E.UNSUPPORTED_LEAF.format(key=key, what=str(t.layout)))
+    if t.is_nested:
+        raise TypeError(E.UNSUPPORTED_LEAF.format(key=key, what="nested"))
+    if t.device.type == "meta":
+        raise TypeError(E.UNSUPPORTED_LEAF.format(key=key, what="meta"))
+    dtype_name(t.dtype, where=f" (key {key})")
+
+
+#: bytes written per system call (and per progress-bar update)
+CHUNK = 64 << 20
+
+
+def _host_chunks(t: Tensor) -> Any:
+    """Contiguous host pieces of ``t``, in order, each about :data:`CHUNK` bytes or less."""
+    t = t.detach()
+    if isinstance(t, MemoryMappedTensor):
+        t = t._inner
+    t = t.resolve_conj().resolve_neg()
+    if t.numel() == 0:
+        return
+    if t.device.type == "cpu" and t.is_contiguous():
+        yield t.reshape(-1)
+        return
+    if t.ndim == 0:
+        yield t.reshape(1).cpu()
+        return
+    row = max(1, nbytes_of(t.shape[1:], t.dtype))
+    step = max(1, CHUNK // row)
+    for i in range(0, t.shape[0], step):
+        yield t[i : i + step].contiguous().cpu().reshape(-1)
+
+
+def write_all(fd: int, data: memoryview, bar: Any) -> None:
+    """Write every byte of ``data`` to ``fd`` (loops over short writes)."""
+    n = len(data)
+    pos = 0
+    while pos < n:
+        k = os.write(fd, data[pos : pos + CHUNK])
+        pos += k
+        if bar is not None:
+            bar.update(k)
+
+
+def write_tensor(fd: int, t: Tensor, bar: Any) -> None:
+    """Write ``t``'s elements in row-major order as raw bytes at the current position."""
+    for piece in _host_chunks(t):
+        write_all(fd, memoryview(piece.view(torch.uint8).numpy()).cast("B"), bar)
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename or a new entry in directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def reserve(fd: int, nbytes: int, bar: Any) -> None:
+    """Give the file ``nbytes`` of zeros with the disk space reserved (``posix_fallocate``)."""
+    pos = 0
+    while pos < nbytes:
+        k = min(CHUNK * 16, nbytes - pos)
+        os.posix_fallocate(fd, pos, k)
+        pos += k
+        if bar is not None:
+            bar.update(k)
+
+
+def create_unique(parent: str, prefix: str, *, directory: bool) -> tuple[int, str]:
+    """Create a new file (opened for writing: ``(fd, path)``) or directory (``(-1, path)``)
+    with a random name in ``parent``. Unlike ``tempfile``, the permissions follow the umask
+    (``tempfile`` makes them private), since the entry is renamed into its final place."""
+    while True:
+        path = os.path.join(parent, prefix + secrets.token_hex(6))
+        try:
+            if directory:
+                os.mkdir(path, 0o777)
+                return -1, path
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), path
+        except FileExistsError:
+            continue
+
+
+def _atomic_file(fname: str, nbytes: int, fill: Any) -> None:
+    """Create ``fname`` with ``nbytes`` via a temporary file in the same directory + rename."""
+    parent = os.path.dirname(fname)
+    os.makedirs(parent, exist_ok=True)
+    fd, tmp = create_unique(parent, f".{os.path.basename(fname)}.", directory=False)
+    try:
+        if fill is None:
+            reserve(fd, nbytes, None)
+        else:
+            fill(fd)
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, fname)
+        fsync_dir(parent)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,285 @@
+"""Child-process side of tests/test_memmap.py (run as ``python tests/_memmap_helpers.py ...``)
+and the datasets the DataLoader workers import.
+
+Every scenario that may crash or is killed on purpose runs in a forked grandchild, so one run
+of this script reports on all of them as one JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+import tdfunc
+from tdfunc import _memmap_store
+from tdfunc.memmap import MemoryMappedTensor, load, save
+
+GRANDCHILD_TIMEOUT_S = 60.0
+
+
+# ------------------------------------------------------------------------------ datasets
+class RowDataset(torch.utils.data.Dataset):
+    """Item ``i`` of a stored TensorDict; with ``mark`` it also writes ``seen[i] = 1``."""
+
+    def __init__(self, store: Any, mark: bool) -> None:
+        self.store = store
+        self.mark = mark
+
+    def __len__(self) -> int:
+        return self.store.batch_size[0]
+
+    def __getitem__(self, i: int) -> Any:
+        if self.mark:
+            self.store["seen"][i] = 1
+        return self.store[i]
+
+
+def collate(items: list[Any]) -> Any:
+    """Stack the items (plain tensors come back from the workers)."""
+    return tdfunc.stack(items)
+
+
+# ------------------------------------------------------------------------------ isolation
+def isolated(fn: Callable[[], Any]) -> dict[str, Any]:
+    """Run ``fn`` in a forked child; report its exit status and what it returned (as JSON)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os.close(r)
+        try:
+            out = {"result": fn()}
+        except BaseException as e:  # report any failure to the parent
+            out = {"error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()}
+        os.write(w, json.dumps(out).encode())
+        os.close(w)
+        os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + GRANDCHILD_TIMEOUT_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            status = -1
+            break
+        time.sleep(0.01)
+    data = b""
+    while chunk := os.read(r, 1 << 16):
+        data += chunk
+    os.close(r)
+    rep: dict[str, Any] = json.loads(data) if data else {}
+    if os.WIFSIGNALED(status):
+        rep["signal"] = os.WTERMSIG(status)
+    rep["exit"] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    return rep
+
+
+def _store_td(value: float, n_leaves: int = 4, numel: int = 4096) -> Any:
+    return tdfunc.TensorDict(
+        {f"k{i}": torch.full((numel,), float(value)) for i in range(n_leaves)}, batch_size=[numel]
+    )
+
+
+def _state(path: str) -> Any:
+    """``None`` when nothing loads at ``path``; else the set of values held by the store."""
+    try:
+        td = load(path)
+    except FileNotFoundError:
+        return None
+    vals = sorted({float(v) for leaf in td.values() for v in leaf.unique().tolist()})
+    return {"values": vals, "keys": len(td.keys())}
+
+
+def _old_dirs(parent: str, name: str) -> list[Any]:
+    return [
+        _state(os.path.join(parent, d))
+        for d in sorted(os.listdir(parent))
+        if d.startswith(f".{name}.old-")
+    ]
+
+
+# ------------------------------------------------------------------------------ root checks
+def _bypass(store: str, how: str) -> Any:
+    td = load(store)  # mode="r"
+    leaf = td["k0"]
+    got: dict[str, Any] = {}
+    if how == "numpy":
+        arr = leaf.numpy()
+        got["writeable"] = bool(arr.flags.writeable)
+        try:
+            arr[0] = 123.0
+        except ValueError as e:
+            got["numpy_write"] = f"ValueError: {e}"
+        try:
+            arr.flags.writeable = True
+            arr[1] = 123.0
+            got["forced_write"] = float(arr[1])
+        except ValueError as e:
+            got["forced_write"] = f"ValueError: {e}"
+    elif how == "from_numpy":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
+            t = torch.from_numpy(np.asarray(leaf))
+        t.add_(1000.0)  # plain tensor over the private mapping
+        got["in_memory"] = float(t[0])
+    elif how == "ctypes":
+        inner = leaf.numpy()
+        ptr = inner.__array_interface__["data"][0]
+        ctypes.memset(ptr, 0xFF, 64)
+        got["in_memory_bytes"] = inner.view(np.uint8)[:4].tolist()
+    got["leaf_after"] = float(leaf[0])
+    return got
+
+
+def root_checks(work: str) -> dict[str, Any]:
+    """Read-only bypass attempts and killed saves; one report for all of them."""
+    out: dict[str, Any] = {}
+    with open(os.path.join(work, "shared.pkl"), "rb") as f:
+        shared = pickle.load(f)
+    shared["k0"].fill_(7.0)
+    out["unpickled"] = {
+        "type": type(shared["k0"]).__name__,
+        "mode": shared["k0"].mode,
+        "sum": float(shared["k0"].sum()),
+    }
+    ro = os.path.join(work, "ro")
+    save(_store_td(1.0), ro)
+    data_file = os.path.join(ro, "data.bin")
+    with open(data_file, "rb") as f:
+        before = f.read()
+    for how in ("numpy", "from_numpy", "ctypes"):
+        rep = isolated(lambda how=how: _bypass(ro, how))
+        with open(data_file, "rb") as f:
+            rep["file_unchanged"] = f.read() == before
+        out[f"bypass_{how}"] = rep
+
+    # deterministic kills at each stage of a save
+    def killer(*_: Any, **__: Any) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def kill_during(stage: str, path: str, overwrite: bool) -> None:
+        if stage == "data":  # after the first leaf
+            real = _memmap_store.write_tensor
+            calls = []
+
+            def write_then_die(fd: int, t: Any, bar: Any) -> None:
+                if calls:
+                    killer()
+                calls.append(1)
+                real(fd, t, bar)
+
+            _memmap_store.write_tensor = write_then_die
+        elif stage == "before_rename":  # data and manifest written, nothing renamed
+            _memmap_store.fsync_dir = killer
+        elif stage == "between_renames":  # old store moved aside, new not yet in place
+            real_rename = os.rename
+            calls2 = []
+
+            def rename_then_die(a: str, b: str) -> None:
+                if calls2:
+                    killer()
+                calls2.append(1)
+                real_rename(a, b)
+
+            os.rename = rename_then_die
+        elif stage == "before_cleanup":  # new store in place, old not yet deleted
+            _memmap_store.shutil.rmtree = killer
+        save(_store_td(2.0), path, overwrite=overwrite)
+
+    for stage, overwrite in (
+        ("data", False),
+        ("data", True),
+        ("before_rename", True),
+        ("between_renames", True),
+        ("before_cleanup", True),
+    ):
+        name = f"kill_{stage}_{'overwrite' if overwrite else 'fresh'}"
+        path = os.path.join(work, name)
+        if overwrite:
+            save(_store_td(1.0), path)
+        rep = isolated(lambda s=stage, p=path, o=overwrite: kill_during(s, p, o))
+        rep["state"] = _state(path)
+        rep["old"] = _old_dirs(work, name)
+        out[name] = rep
+
+    # kills at random moments of a loop of overwriting saves
+    loop_reports = []
+    for delay in (0.05, 0.2, 0.45):
+        path = os.path.join(work, f"loop{delay}")
+        save(_store_td(0.0, n_leaves=8, numel=1 << 16), path)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            os.close(r)
+            k = 1
+            while True:
+                save(_store_td(float(k), n_leaves=8, numel=1 << 16), path, overwrite=True)
+                os.write(w, b".")
+                k += 1
+        os.close(w)
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        saves = len(os.read(r, 1 << 16))
+        os.close(r)
+        st = _state(path)
+        loop_reports.append({"saves": saves, "state": st, "old": _old_dirs(work, f"loop{delay}")})
+    out["kill_loop"] = loop_reports
+    return out
+
+
+# ------------------------------------------------------------------------------ unprivileged checks
+def permission_checks(store: str) -> dict[str, Any]:
+    """Run without the right to write the store's files (uid 65534 or no CAP_DAC_OVERRIDE)."""
+    out: dict[str, Any] = {"uid": os.getuid()}
+    data_file = os.path.join(store, "data.bin")
+    out["can_write_raw"] = os.access(data_file, os.W_OK)
+
+    def attempt(fn: Callable[[], Any]) -> str:
+        try:
+            return f"ok: {fn()}"
+        except Exception as e:  # report the exception type and message
+            return f"{type(e).__name__}: {e}"
+
+    out["load_r"] = attempt(lambda: float(load(store, mode="r")["k0"].sum()))
+    out["load_c"] = attempt(lambda: _write_c(store))
+    out["load_r+"] = attempt(lambda: load(store, mode="r+"))
+    out["from_filename_r+"] = attempt(
+        lambda: MemoryMappedTensor.from_filename(data_file, torch.float32, (4,), mode="r+")
+    )
+    out["from_filename_r"] = attempt(
+        lambda: MemoryMappedTensor.from_filename(data_file, torch.float32, (4,)).tolist()
+    )
+    return out
+
+
+def _write_c(store: str) -> float:
+    td = load(store, mode="c")
+    td["k0"].fill_(-5.0)
+    return float(td["k0"][0])
+
+
+def main() -> None:
+    """``root-checks WORKDIR`` or ``permission-checks STORE``: print one JSON report."""
+    what, arg = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)  # no OpenMP pool: the forked children use torch safely
+    rep = root_checks(arg) if what == "root-checks" else permission_checks(arg)
+    print("REPORT " + json.dumps(rep), flush=True)
+
+
+if __name__ == "__main__":
+    main()
