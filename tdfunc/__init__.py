@@ -7,8 +7,9 @@ Example:
     [1.0, 1.0, 1.0]
 """
 
-from . import testing
+from . import nn, testing
 from ._base import TensorTree
+from ._export import dynamic_batch_shapes
 from ._ops import (
     cat,
     empty_like,
@@ -18,7 +19,9 @@ from ._ops import (
     zeros_like,
 )
 from ._tree import OPTREE_NAMESPACE, is_node
+from .control import cond, scan, while_loop
 from .memmap import MemmapFormatError, MemoryMappedTensor, load, memmap_like, save
+from .nn import from_module, functional_call, stack_modules
 from .tensorclass import is_tensorclass, tensorclass
 from .tensordict import TensorDict, from_dict
 
@@ -31,17 +34,25 @@ __all__ = [
     "TensorDict",
     "TensorTree",
     "cat",
+    "cond",
+    "dynamic_batch_shapes",
     "empty_like",
     "from_dict",
+    "from_module",
     "full_like",
+    "functional_call",
     "is_node",
     "is_tensorclass",
     "load",
     "memmap_like",
+    "nn",
     "ones_like",
     "save",
+    "scan",
     "stack",
+    "stack_modules",
     "tensorclass",
     "testing",
+    "while_loop",
     "zeros_like",
 ]

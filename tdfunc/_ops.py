@@ -24,7 +24,7 @@ from ._tree import (
     leaves_with_paths,
     map_leaves,
     rebuild,
-    structure,
+    same_structure,
 )
 
 _is_batched = torch._C._functorch.is_batchedtensor
@@ -77,9 +77,9 @@ def _map_shape(node: Any, fn: Callable[[Tensor], Tensor]) -> Any:
 
 
 def _same_structure(nodes: Sequence[Any], op: str) -> None:
-    ref = structure(nodes[0])
+    ref = nodes[0]
     for n in nodes[1:]:
-        if structure(n) != ref:
+        if not same_structure(ref, n):
             missing, extra = describe_difference(nodes[0], n)
             detail = (
                 f"missing keys {missing}, extra keys {extra}"
@@ -142,8 +142,12 @@ def index(node: Any, idx: Any) -> Any:
         >>> td[1:3, 0].batch_size
         torch.Size([2])
     """
-    parts = normalize_index(idx, node._batch_size)
-    return _map_shape(node, lambda x: x[parts])
+    if isinstance(idx, (int, slice)) and not isinstance(idx, bool) and node._batch_size:
+        key = idx  # fast path: one int or slice on the first batch dim
+    else:
+        parts = normalize_index(idx, node._batch_size)
+        key = parts[0] if len(parts) == 1 else parts  # x[i] is cheaper than x[(i,)]
+    return _map_shape(node, lambda x: x[key])
 
 
 def index_update(node: Any, idx: Any, value: Any, op: str = "set") -> Any:
@@ -323,15 +327,26 @@ def expand(node: Any, *shape: Any) -> Any:
 # --------------------------------------------------------------------------------------
 # combination
 # --------------------------------------------------------------------------------------
-def _check_leaf_shapes(nodes: Sequence[Any], op: str, skip_dim: int | None) -> None:
-    ref = leaves_with_paths(nodes[0])
-    for i, n in enumerate(nodes[1:], start=1):
-        for (path, a), b in zip(ref, leaves(n)):
-            sa, sb = a.shape, b.shape
-            ok = len(sa) == len(sb) and all(
-                x == y for j, (x, y) in enumerate(zip(sa, sb)) if j != skip_dim
-            )
+def _check_leaf_shapes(
+    nodes: Sequence[Any], columns: Sequence[list[Tensor]], op: str, skip_dim: int | None
+) -> None:
+    """Every leaf of element i has the shape of element 0's leaf (except along ``skip_dim``).
+
+    ``columns[i]`` are the leaves of ``nodes[i]``; key paths are only built for the error.
+    """
+    ref = [x.shape for x in columns[0]]
+    for i, ls in enumerate(columns[1:], start=1):
+        for j, (sa, b) in enumerate(zip(ref, ls)):
+            sb = b.shape
+            ok = sa == sb  # the common case; cat then compares all dims but skip_dim
+            if not ok and skip_dim is not None:
+                ok = (
+                    len(sa) == len(sb)
+                    and sa[:skip_dim] == sb[:skip_dim]
+                    and sa[skip_dim + 1 :] == sb[skip_dim + 1 :]
+                )
             if not ok:
+                path = leaves_with_paths(nodes[0])[j][0]
                 raise ValueError(
                     f"cannot {op} containers: key {fmt_key(path)} has shape {tuple(sb)} in "
                     f"element {i}, expected {tuple(sa)}"
@@ -359,9 +374,9 @@ def stack(nodes: Sequence[Any], dim: int = 0) -> Any:
             raise ValueError(
                 E.STACK_SHAPE.format(op="stack", index=i, got=tuple(n._batch_size), expected=tuple(bs))
             )
-    _check_leaf_shapes(nodes, "stack", None)
-    cols = zip(*[leaves(n) for n in nodes])
-    out = [torch.stack(c, d) for c in cols]
+    columns = [leaves(n) for n in nodes]
+    _check_leaf_shapes(nodes, columns, "stack", None)
+    out = [torch.stack(c, d) for c in zip(*columns)]
     new_bs = bs[:d] + torch.Size([len(nodes)]) + bs[d:]
     return map_leaves(first, out, new_bs)
 
@@ -388,9 +403,9 @@ def cat(nodes: Sequence[Any], dim: int = 0) -> Any:
             raise ValueError(
                 E.STACK_SHAPE.format(op="cat", index=i, got=tuple(nb), expected=tuple(bs))
             )
-    _check_leaf_shapes(nodes, "cat", d)
-    cols = zip(*[leaves(n) for n in nodes])
-    out = [torch.cat(c, d) for c in cols]
+    columns = [leaves(n) for n in nodes]
+    _check_leaf_shapes(nodes, columns, "cat", d)
+    out = [torch.cat(c, d) for c in zip(*columns)]
     new_bs = bs[:d] + torch.Size([sum(n._batch_size[d] for n in nodes)]) + bs[d + 1 :]
     return map_leaves(first, out, new_bs)
 
@@ -453,7 +468,7 @@ def chunk(node: Any, chunks: int, dim: int = 0) -> tuple[Any, ...]:
 # transforms
 # --------------------------------------------------------------------------------------
 def _check_same_keys(a: Any, b: Any, what: str) -> None:
-    if structure(a) != structure(b):
+    if not same_structure(a, b):
         missing, extra = describe_difference(a, b)
         if not missing and not extra:
             raise TypeError(
@@ -465,6 +480,11 @@ def _check_same_keys(a: Any, b: Any, what: str) -> None:
 
 def validate_leaves(node: Any, new: Sequence[Tensor], batch_size: torch.Size, what: str) -> None:
     bd = len(batch_size)
+    for x in new:  # fast pass; key paths are only built to report an error
+        if not isinstance(x, Tensor) or (bd and x.shape[:bd] != batch_size):
+            break
+    else:
+        return
     for (path, _), x in zip(leaves_with_paths(node), new):
         if not isinstance(x, Tensor):
             raise TypeError(f"{what}: key {fmt_key(path)} produced {type(x).__name__}, not a tensor")
@@ -631,7 +651,15 @@ def as_operand(x: Any) -> Any:
 
 
 def _can_foreach(ls: list[Tensor]) -> bool:
-    return bool(ls) and not any(map(_is_batched, ls))
+    """One ``torch._foreach_*`` call is valid: leaves are not vmapped (foreach has no batching
+    rule) and, when autograd records, share one dtype (foreach autograd rejects mixed lists
+    such as a float leaf that requires grad next to an integer leaf)."""
+    if not ls or any(map(_is_batched, ls)):
+        return False
+    if torch.is_grad_enabled() and any(x.requires_grad for x in ls):
+        d = ls[0].dtype
+        return all(x.dtype == d for x in ls)
+    return True
 
 
 def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:

@@ -326,3 +326,14 @@ def test_reduction_nested_and_torch_sum():
     with pytest.raises(IndexError, match="out of range"):
         td.sum(dim=2)
     assert isinstance(td.all(), torch.Tensor) and td.all().dtype == torch.bool
+
+
+def test_arithmetic_mixed_dtypes_with_autograd():
+    w = torch.randn(3, requires_grad=True)
+    td = TensorDict(w=w, steps=torch.arange(3))
+    out = td * 2 + 1
+    assert out["steps"].dtype == torch.int64 and torch.equal(out["steps"], torch.arange(3) * 2 + 1)
+    out["w"].sum().backward()
+    assert torch.equal(w.grad, torch.full((3,), 2.0))
+    both = td + td
+    assert torch.equal(both["steps"], torch.arange(3) * 2)

@@ -1,0 +1,466 @@
+"""Parameters as TensorDicts: from_module, functional_call, stack_modules, vmap ensembles, and
+compiled models whose forward takes and returns a TensorDict or tensorclass."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+from conftest import check_compiled
+from torch import nn
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import tdfunc
+from tdfunc import TensorDict
+from tdfunc.nn import _functional as F
+from tdfunc.nn import from_module, functional_call, stack_modules
+from tdfunc.testing import assert_close
+
+try:
+    from tdfunc.tensorclass import tensorclass
+except ImportError:  # pragma: no cover - tensorclass is part of the package
+    tensorclass = None
+
+needs_tensorclass = pytest.mark.skipif(
+    tensorclass is None, reason="tdfunc.tensorclass is not importable"
+)
+
+
+def mlp(i: int = 3, o: int = 2, hidden: int = 8, seed: int | None = None) -> nn.Module:
+    if seed is not None:
+        torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(i, hidden), nn.Tanh(), nn.Linear(hidden, o))
+
+
+class WithBuffers(nn.Module):
+    """Parameters, a persistent and a non-persistent buffer, a param-less child, a None bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU())
+        self.head = nn.Linear(4, 2, bias=False)
+        self.register_buffer("scale", torch.full((2,), 2.0))
+        self.register_buffer("cache", torch.zeros(5), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x)) * self.scale
+
+
+class Recording(nn.Module):
+    """Counts forward calls, to show an error was raised before any computation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.lin(x)
+
+
+def state_snapshot(m: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
+def assert_module_unchanged(m: nn.Module, before: dict[str, torch.Tensor], objs: dict) -> None:
+    after = m.state_dict(keep_vars=True)
+    assert list(after) == list(before)
+    for k, v in after.items():
+        assert v is objs[k], f"{k} was replaced"
+        assert torch.equal(v.detach(), before[k]), f"{k} changed value"
+
+
+# --------------------------------------------------------------------------------------
+# from_module
+# --------------------------------------------------------------------------------------
+def test_from_module_keys_are_state_dict_names_and_leaves_are_the_modules_tensors():
+    m = WithBuffers()
+    params = from_module(m)
+    sd = m.state_dict(keep_vars=True)
+    flat = params.flatten_keys(".")
+    assert list(flat.keys()) == list(sd)  # same names, same order
+    for k, v in flat.items():
+        assert v is sd[k]
+    assert params.batch_size == () and params["body"].batch_size == ()
+    assert "cache" not in params  # non-persistent buffers are not in the state_dict
+    assert "2" not in params["body"]  # ReLU has no tensors
+    assert params["body", "0", "weight"] is m.body[0].weight
+
+
+def test_from_module_parameters_only():
+    m = WithBuffers()
+    params = from_module(m, buffers=False)
+    assert list(params.flatten_keys(".").keys()) == [n for n, _ in m.named_parameters()]
+
+
+def test_from_module_rejects_non_modules():
+    with pytest.raises(TypeError, match="expects an nn.Module"):
+        from_module({"w": torch.zeros(2)})
+
+
+# --------------------------------------------------------------------------------------
+# functional_call
+# --------------------------------------------------------------------------------------
+def test_functional_call_with_own_params_equals_forward_and_leaves_module_alone():
+    m = WithBuffers().eval()
+    x = torch.randn(6, 3)
+    before, objs = state_snapshot(m), dict(m.state_dict(keep_vars=True))
+    params = from_module(m)
+    expected = m(x)
+    torch.testing.assert_close(functional_call(m, params, (x,)), expected)
+    # new values give new results, and the module keeps its own tensors
+    doubled = params.apply(lambda t: t * 2 if t.is_floating_point() else t)
+    out = functional_call(m, doubled, (x,))
+    assert not torch.allclose(out, expected)
+    assert_module_unchanged(m, before, objs)
+    torch.testing.assert_close(m(x), expected)
+
+
+def test_functional_call_matches_torch_func_with_new_values():
+    m = mlp(seed=0)
+    params = from_module(m).apply(torch.randn_like)
+    x = torch.randn(5, 3)
+    ref = torch.func.functional_call(m, dict(params.flatten_keys(".").items()), (x,))
+    torch.testing.assert_close(functional_call(m, params, (x,)), ref)
+    torch.testing.assert_close(functional_call(m, params, x), ref)  # single non-tuple argument
+
+
+def test_functional_call_missing_keys_fall_back_to_module_tensors():
+    m = mlp(seed=0)
+    x = torch.randn(5, 3)
+    params = from_module(m)
+    zero_first = TensorDict({"0": params["0"] * 0})  # only the first layer
+    out = functional_call(m, zero_first, (x,))
+    expected = m[2](torch.tanh(torch.zeros(5, 8)))
+    torch.testing.assert_close(out, expected)
+
+
+def test_functional_call_accepts_flat_and_nested_dicts_and_tuples():
+    m = WithBuffers().eval()
+    x = torch.randn(4, 3)
+    params = from_module(m, buffers=False).apply(torch.randn_like)
+    buffers = from_module(m).exclude(*[k for k in from_module(m).keys()])  # empty
+    expected = functional_call(m, params, (x,))
+    flat = dict(params.flatten_keys(".").items())
+    torch.testing.assert_close(functional_call(m, flat, (x,)), expected)
+    torch.testing.assert_close(functional_call(m, params.to_dict(), (x,)), expected)
+    torch.testing.assert_close(functional_call(m, (params, buffers), (x,)), expected)
+    bufs = {"scale": torch.full((2,), 3.0)}
+    torch.testing.assert_close(functional_call(m, (params, bufs), (x,)), expected * 1.5)
+
+
+def test_functional_call_kwargs():
+    class K(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+            return self.lin(x) * scale
+
+    m = K()
+    x = torch.randn(2, 3)
+    out = functional_call(m, from_module(m), (x,), {"scale": 3.0})
+    torch.testing.assert_close(out, m(x) * 3.0)
+
+
+def test_functional_call_strict_unknown_keys_raise_keyerror_listing_them():
+    m = Recording()
+    params = from_module(m).set("bogus", torch.zeros(1)).set(("lin", "extra"), torch.zeros(1))
+    with pytest.raises(KeyError) as info:
+        functional_call(m, params, (torch.randn(1, 3),), strict=True)
+    msg = info.value.args[0]
+    assert msg.startswith("functional_call(strict=True): keys ['lin.extra', 'bogus']")
+    assert msg == F.UNKNOWN_KEYS.format(
+        keys=["lin.extra", "bogus"], module="Recording", known=["lin.weight", "lin.bias"]
+    )
+    assert m.calls == 0
+    # strict=False ignores them
+    out = functional_call(m, params, (torch.ones(1, 3),))
+    torch.testing.assert_close(out, m.lin(torch.ones(1, 3)))
+
+
+def test_functional_call_strict_missing_keys_raise_keyerror():
+    m = Recording()
+    params = from_module(m).exclude(("lin", "bias"))
+    with pytest.raises(KeyError) as info:
+        functional_call(m, params, (torch.randn(1, 3),), strict=True)
+    assert info.value.args[0] == F.MISSING_KEYS.format(keys=["lin.bias"], module="Recording")
+    assert m.calls == 0
+
+
+def test_functional_call_shape_mismatch_raises_before_any_computation():
+    m = Recording()
+    params = from_module(m).set(("lin", "weight"), torch.zeros(4, 3))
+    with pytest.raises(ValueError) as info:
+        functional_call(m, params, (torch.randn(1, 3),))
+    assert str(info.value) == F.SHAPE_MISMATCH.format(key="lin.weight", got=(4, 3), expected=(2, 3))
+    assert m.calls == 0
+    # a stacked TensorDict outside vmap: the same error, naming the stacked shape
+    stacked = stack_modules([Recording(), Recording()])
+    with pytest.raises(ValueError, match=re.escape("'lin.weight' has shape (2, 2, 3)")):
+        functional_call(m, stacked, (torch.randn(1, 3),))
+    # flat dicts are checked too
+    with pytest.raises(ValueError, match="'lin.bias' has shape"):
+        functional_call(m, {"lin.bias": torch.zeros(3)}, (torch.randn(1, 3),))
+    assert m.calls == 0
+
+
+def test_functional_call_bad_params_type_and_duplicates():
+    m = Recording()
+    with pytest.raises(TypeError, match=re.escape(F.BAD_PARAMS.format(typ="int")[:60])):
+        functional_call(m, 3, (torch.randn(1, 3),))
+    with pytest.raises(TypeError, match="holding str"):
+        functional_call(m, {"lin": {"weight": "x"}}, (torch.randn(1, 3),))
+    p = from_module(m)
+    with pytest.raises(ValueError, match=re.escape(F.DUPLICATE_KEY.format(key="lin.weight"))):
+        functional_call(m, (p, p), (torch.randn(1, 3),))
+
+
+def test_functional_call_under_grad_gives_parameter_gradients():
+    m = mlp(seed=0)
+    x, y = torch.randn(7, 3), torch.randn(7, 2)
+    params = from_module(m)
+
+    def loss(p: TensorDict) -> torch.Tensor:
+        return ((functional_call(m, p, (x,)) - y) ** 2).mean()
+
+    grads = torch.func.grad(loss)(params)
+    ((m(x) - y) ** 2).mean().backward()
+    assert grads.batch_size == params.batch_size
+    assert list(grads.keys(True, True)) == list(params.keys(True, True))
+    for k, g in grads.items(True, True):
+        torch.testing.assert_close(g, params[k].grad)
+
+
+# --------------------------------------------------------------------------------------
+# stack_modules and ensembles
+# --------------------------------------------------------------------------------------
+def test_stack_modules_fresh_leaves():
+    nets = [mlp(seed=i) for i in range(3)]
+    nets[0][0].weight.requires_grad_(False)
+    params = stack_modules(nets)
+    assert params.batch_size == (3,) and params["0"].batch_size == (3,)
+    assert list(params.flatten_keys(".").keys()) == list(nets[0].state_dict())
+    for k, v in params.flatten_keys(".").items():
+        members = [n.state_dict(keep_vars=True)[k] for n in nets]
+        torch.testing.assert_close(v, torch.stack(members).detach())
+        assert v.is_leaf and v.grad_fn is None
+        assert v.requires_grad == members[0].requires_grad
+    before = state_snapshot(nets[1])
+    with torch.no_grad():
+        params["2", "bias"].add_(1.0)  # the stacked leaves do not share memory with the modules
+    assert torch.equal(nets[1][2].bias, before["2.bias"])
+
+
+def test_stack_modules_with_buffers_and_tied_weights():
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(3, 3)
+            self.b = nn.Linear(3, 3)
+            self.b.weight = self.a.weight
+            self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x)) + self.steps
+
+    nets = [Tied() for _ in range(3)]
+    params = stack_modules(nets)
+    assert params["a", "weight"] is params["b", "weight"]
+    assert params["steps"].dtype == torch.long and not params["steps"].requires_grad
+    x = torch.randn(2, 3)
+    out = torch.vmap(lambda p: functional_call(nets[0], p, (x,)))(params)
+    torch.testing.assert_close(out, torch.stack([n(x) for n in nets]))
+
+
+def test_stack_modules_bad_input():
+    with pytest.raises(ValueError, match=re.escape(F.STACK_EMPTY)):
+        stack_modules([])
+    with pytest.raises(ValueError) as info:
+        stack_modules([nn.Linear(3, 4), nn.Linear(3, 4), nn.Linear(3, 4, bias=False)])
+    assert str(info.value) == F.STACK_KEYS.format(
+        index=2, key="bias", expected="'bias'", got="nothing"
+    )
+    with pytest.raises(ValueError) as info:
+        stack_modules([mlp(), mlp(hidden=9)])
+    assert str(info.value) == F.STACK_SHAPE.format(
+        index=1, key="0.weight", what="shape", got=(9, 3), expected=(8, 3)
+    )
+    with pytest.raises(ValueError, match="at key 'weight': dtype torch.float64 != torch.float32"):
+        stack_modules([nn.Linear(3, 4), nn.Linear(3, 4).double()])
+    with pytest.raises(ValueError, match="first differing key '0.weight'"):
+        stack_modules([mlp(), nn.Sequential(nn.Identity(), nn.Linear(3, 8))])
+
+
+def _ensemble_inputs(n: int = 5):
+    nets = [mlp(seed=i) for i in range(n)]
+    return nets, torch.randn(6, 3)
+
+
+def test_vmap_ensemble_equals_loop_and_torch_func_stack_module_state():
+    nets, x = _ensemble_inputs()
+    params = stack_modules(nets)
+    base = copy.deepcopy(nets[0]).to("meta")  # structure only
+
+    def call(p: TensorDict, xb: torch.Tensor) -> torch.Tensor:
+        return functional_call(base, p, (xb,))
+
+    out = torch.vmap(call, in_dims=(0, None))(params, x)
+    assert out.shape == (5, 6, 2)
+    loop = torch.stack([n(x) for n in nets])
+    torch.testing.assert_close(out, loop)
+    ps, bs = torch.func.stack_module_state(nets)
+    ref = torch.vmap(
+        lambda p, b, xb: torch.func.functional_call(base, (p, b), (xb,)), in_dims=(0, 0, None)
+    )(ps, bs, x)
+    torch.testing.assert_close(out, ref)
+    # one input per member
+    xs = torch.randn(5, 6, 3)
+    per = torch.vmap(call)(params, xs)
+    torch.testing.assert_close(per, torch.stack([n(xi) for n, xi in zip(nets, xs)]))
+
+
+def test_ensemble_gradients_reach_stacked_leaves_only():
+    nets, x = _ensemble_inputs(3)
+    params = stack_modules(nets)
+    out = torch.vmap(lambda p: functional_call(nets[0], p, (x,)))(params)
+    out.pow(2).sum().backward()
+    assert all(p.grad is None for n in nets for p in n.parameters())
+    for k, v in params.items(True, True):
+        assert v.grad is not None and v.grad.shape == v.shape, k
+    # member 1's gradient equals the gradient of member 1 alone
+    nets[1].zero_grad()
+    nets[1](x).pow(2).sum().backward()
+    torch.testing.assert_close(params["0", "weight"].grad[1], nets[1][0].weight.grad)
+
+
+# --------------------------------------------------------------------------------------
+# compiled: functional_call, ensemble, models taking / returning containers
+# --------------------------------------------------------------------------------------
+def test_compiled_functional_call_no_graph_break_no_recompile():
+    m = mlp(seed=0)
+
+    def fn(p: TensorDict, xb: torch.Tensor) -> torch.Tensor:
+        return functional_call(m, p, (xb,))
+
+    check_compiled(fn, lambda: (from_module(m).apply(torch.randn_like), torch.randn(5, 3)))
+
+    # flat dicts of dotted names compile too
+    def flat() -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        p = from_module(m).apply(torch.randn_like)
+        return dict(p.flatten_keys(".").items()), torch.randn(5, 3)
+
+    check_compiled(fn, flat)
+
+
+def test_compiled_ensemble_forward():
+    nets, _ = _ensemble_inputs(4)
+    base = nets[0]
+
+    def fn(p: TensorDict, xb: torch.Tensor) -> torch.Tensor:
+        return torch.vmap(lambda q: functional_call(base, q, (xb,)))(p)
+
+    def make():
+        return stack_modules([mlp() for _ in range(4)]).detach(), torch.randn(6, 3)
+
+    check_compiled(fn, make)
+
+
+@pytest.mark.slow
+def test_compiled_ensemble_with_inductor_runs_generated_code():
+    nets, x = _ensemble_inputs(4)
+    params = stack_modules(nets).detach()
+
+    def fn(p: TensorDict, xb: torch.Tensor) -> torch.Tensor:
+        return torch.vmap(lambda q: functional_call(nets[0], q, (xb,)))(p)
+
+    cnt = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(fn, backend=cnt, fullgraph=True)
+    torch.testing.assert_close(compiled(params, x), torch.stack([n(x) for n in nets]))
+    params2 = stack_modules([mlp(seed=10 + i) for i in range(4)]).detach()
+    torch.testing.assert_close(compiled(params2, x), fn(params2, x))
+    assert cnt.frame_count == 1
+
+
+class TDModel(nn.Module):
+    """forward takes and returns a TensorDict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = mlp(3, 4)
+        self.value = nn.Linear(4, 1)
+
+    def forward(self, td: TensorDict) -> TensorDict:
+        h = self.enc(td["obs"])
+        return td.set("hidden", h).set(("out", "value"), self.value(h).squeeze(-1))
+
+
+def test_compiled_model_forward_takes_and_returns_a_tensordict():
+    model = TDModel()
+
+    def make():
+        return (TensorDict({"obs": torch.randn(8, 3), "r": torch.randn(8)}, batch_size=[8]),)
+
+    inp = make()[0]
+    snap = inp.clone()
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=cnt, fullgraph=True)
+    out = compiled(inp)
+    assert cnt.frame_count == 1
+    assert out.batch_size == (8,) and out["out"].batch_size == (8,)
+    assert_close(out, model(inp))
+    assert_close(inp, snap) and "hidden" not in inp
+    compiled(make()[0])
+    assert cnt.frame_count == 1
+
+
+@needs_tensorclass
+def test_compiled_model_forward_takes_and_returns_a_tensorclass():
+    @tensorclass
+    class Batch:
+        obs: torch.Tensor
+        pred: torch.Tensor | None = None
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp(3, 2)
+
+        def forward(self, b: Batch) -> Batch:
+            return b.replace(pred=self.net(b.obs))
+
+    model = M()
+    cnt = CompileCounterWithBackend("eager")
+    compiled = torch.compile(model, backend=cnt, fullgraph=True)
+    b = Batch(torch.randn(5, 3), batch_size=[5])
+    out = compiled(b)
+    assert type(out) is Batch and out.pred.shape == (5, 2) and b.pred is None
+    assert_close(out, model(b))
+    compiled(Batch(torch.randn(5, 3), batch_size=[5]))
+    assert cnt.frame_count == 1
+
+
+@needs_tensorclass
+def test_functional_call_with_tensorclass_params():
+    @tensorclass
+    class LinParams:
+        weight: torch.Tensor
+        bias: torch.Tensor
+
+    m = nn.Linear(3, 2)
+    p = LinParams(torch.randn(2, 3), torch.randn(2))
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(functional_call(m, p, (x,)), x @ p.weight.T + p.bias)
+    g = torch.func.grad(lambda q: functional_call(m, q, (x,)).sum())(p)
+    assert type(g) is LinParams
+    torch.testing.assert_close(g.bias, torch.full((2,), 4.0))
+
+
+def test_tdfunc_top_level_names_are_the_nn_functions():
+    assert tdfunc.nn.from_module is from_module
+    assert tdfunc.nn.functional_call is functional_call
+    assert tdfunc.nn.stack_modules is stack_modules
