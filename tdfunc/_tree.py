@@ -139,6 +139,31 @@ def structure(node: Any) -> Any:
     )
 
 
+def same_structure(a: Any, b: Any) -> bool:
+    """``structure(a) == structure(b)`` for two nodes, without building either description.
+
+    Stops at the first difference and skips shared sub-nodes (``a is b``), so the checks of
+    binary ops, ``stack`` and ``cat`` cost little in eager mode and little to trace.
+    """
+    if a is b:
+        return True
+    if type(a) is not type(b) or a._tdf_keys() != b._tdf_keys():
+        return False
+    static = getattr(a, "_tdf_static", None)
+    if static is not None and static() != b._tdf_static():
+        return False
+    for x, y in zip(a._tdf_children(), b._tdf_children()):
+        if isinstance(x, Tensor) and isinstance(y, Tensor):
+            continue
+        xn, yn = is_node(x), is_node(y)
+        if xn or yn:
+            if not (xn and yn and same_structure(x, y)):
+                return False
+        elif (x is None) != (y is None):
+            return False
+    return True
+
+
 def key_set(node: Node, prefix: KeyPath = ()) -> list[KeyPath]:
     """Every key path (leaves, None fields and nodes) in order."""
     out: list[KeyPath] = []

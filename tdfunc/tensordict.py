@@ -60,7 +60,8 @@ def convert_value(
     if isinstance(value, Tensor):
         if device is not None and value.device != device:
             value = value.to(device)
-        _check_prefix(path, value.shape, batch_size, False)
+        if batch_size and value.shape[: len(batch_size)] != batch_size:
+            _check_prefix(path, value.shape, batch_size, False)  # raises, naming the key
         return value
     if is_node(value):
         if device is not None and value._device != device:
@@ -220,13 +221,16 @@ class TensorDict(TensorTree):
     def _get_path(self, path: KeyPath, default: Any = _MISSING) -> Any:
         node: Any = self
         for i, k in enumerate(path):
-            if not is_node(node):
+            if type(node) is TensorDict:  # fast path: one dict lookup
+                v = node._data.get(k, _MISSING)
+            elif is_node(node):
+                v = _child(node, k)
+            else:
                 if default is not _MISSING:
                     return default
                 raise KeyError(
                     E.NOT_A_NODE.format(key=path[:i], kind=type(node).__name__, rest=path[i:])
                 )
-            v = _child(node, k)
             if v is _MISSING:
                 if default is not _MISSING:
                     return default
@@ -283,6 +287,10 @@ class TensorDict(TensorTree):
     # ------------------------------------------------------------------ functional updates
     def set(self, key: KeyLike, value: Any) -> TensorDict:
         """A new TensorDict with ``value`` at ``key`` (tuple keys create nested levels)."""
+        if isinstance(key, str):  # fast path: one top-level key
+            data = dict(self._data)
+            data[key] = convert_value((key,), value, self._batch_size, self._device)
+            return TensorDict._new(data, self._batch_size, self._device)
         return _set_path(self, _as_path(key), value)
 
     def update(self, other: Mapping[str, Any] | TensorDict | None = None, /, **kwargs: Any) -> TensorDict:
@@ -296,15 +304,34 @@ class TensorDict(TensorTree):
                 pairs.extend(other.items())
             else:
                 raise TypeError(f"update expects a mapping or a TensorDict, got {type(other).__name__}")
+        bs, dev = self._batch_size, self._device
+        # values of a TensorDict with the same batch size (and a compatible device) are
+        # already valid children here: no need to check them again
+        trusted = (
+            len(pairs)
+            if isinstance(other, TensorDict)
+            and other._batch_size == bs
+            and (dev is None or other._device == dev)
+            else 0
+        )
         pairs.extend(kwargs.items())
-        for k, v in pairs:
+        data = dict(out._data)  # one copy for all top-level keys
+        for i, (k, v) in enumerate(pairs):
+            if isinstance(k, str):
+                cur = data.get(k)
+                if isinstance(cur, TensorDict) and isinstance(v, (Mapping, TensorDict)):
+                    v = cur.update(v)
+                data[k] = v if i < trusted else convert_value((k,), v, bs, dev)
+                continue
+            out = TensorDict._new(data, bs, dev)
             path = _as_path(k)
             cur = out._get_path(path, None)
             if isinstance(cur, TensorDict) and isinstance(v, (Mapping, TensorDict)):
                 out = _set_path(out, path, cur.update(v))
             else:
                 out = _set_path(out, path, v)
-        return out
+            data = dict(out._data)
+        return TensorDict._new(data, bs, dev)
 
     def replace(self, **kwargs: Any) -> TensorDict:
         """A new TensorDict with existing top-level keys replaced (``KeyError`` for new keys)."""
