@@ -203,14 +203,30 @@ def _child_ndim(v: Any) -> int:
 
 
 def _context(node: Node) -> tuple:
-    children = node._tdf_children()
-    ndims = tuple(_child_ndim(v) for v in children)
-    has_ref = any(n >= 0 for n in ndims)
-    dev = None if node._device is None else str(node._device)
-    static = getattr(node, "_tdf_static", lambda: ())()
+    ndims = []
+    has_ref = False
+    for v in node._tdf_children():
+        if isinstance(v, Tensor):
+            ndims.append(v.ndim)
+            has_ref = True
+        elif v is None:
+            ndims.append(-1)  # a None field: kept in the structure, not among the children
+        elif isinstance(v, Node):
+            ndims.append(len(v._batch_size))
+            has_ref = True
+        else:
+            ndims.append(-2)  # a non-tensor child (e.g. the ints of a vmap in_dims tree)
+    dev = node._device
+    static_fn = getattr(node, "_tdf_static", None)
     # absolute sizes only when no child can carry them (an empty node)
-    empty = None if has_ref else tuple(int(s) for s in node._batch_size)
-    return (node._tdf_keys(), len(node._batch_size), ndims, dev, empty, static)
+    return (
+        node._tdf_keys(),
+        len(node._batch_size),
+        tuple(ndims),
+        None if dev is None else str(dev),
+        None if has_ref else tuple([int(s) for s in node._batch_size]),
+        () if static_fn is None else static_fn(),
+    )
 
 
 def flatten(node: Node) -> tuple[list[Any], tuple]:
@@ -271,10 +287,11 @@ def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
 def unflatten_with(cls_rebuild: Callable[..., Any], children: Sequence[Any], ctx: tuple) -> Any:
     """Shared unflatten: put ``None`` fields back, derive batch size, rebuild."""
     keys, bd, ndims, dev, empty, static = ctx
-    full: list[Any] = []
-    it = iter(children)
-    for nd in ndims:
-        full.append(None if nd == -1 else next(it))
+    if -1 in ndims:
+        it = iter(children)
+        full: Sequence[Any] = [None if nd == -1 else next(it) for nd in ndims]
+    else:
+        full = children
     bs = derive_batch_size(children, ctx)
     device = None if dev is None else torch.device(dev)
     return cls_rebuild(keys, full, torch.Size(()) if bs is None else bs, device, static)
