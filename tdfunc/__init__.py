@@ -27,6 +27,15 @@ from .tensordict import TensorDict, from_dict
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # tdfunc.distributed imports torch.distributed.tensor (about 1 s): loaded on first use
+    if name == "distributed":
+        import importlib
+
+        return importlib.import_module(".distributed", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "MemmapFormatError",
     "MemoryMappedTensor",

@@ -1,0 +1,180 @@
+"""Placements: structured JSON encoding, per-leaf resolution of a placement spec, validation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Partial, Placement, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from . import _dist_errors as E
+from ._tree import KeyPath, fmt_key
+
+#: A placement spec: one sequence for every leaf, a mapping from key paths (a string or a
+#: tuple of strings; a nested container's path covers every leaf below it) to sequences, or a
+#: callable ``(key_path, leaf) -> sequence | None``.
+PlacementSpec = (
+    Sequence[Placement]
+    | Mapping[str | tuple[str, ...], Sequence[Placement]]
+    | Callable[[KeyPath, Tensor], Sequence[Placement] | None]
+)
+Placements = tuple[Placement, ...]
+
+
+# --------------------------------------------------------------------------------------
+# JSON encoding (structural: never str(p), never pickle)
+# --------------------------------------------------------------------------------------
+def encode_placement(p: Placement, key: KeyPath = ()) -> dict[str, Any]:
+    """A JSON-ready dict describing ``p``.
+
+    Example:
+        >>> from torch.distributed.tensor import Shard, Partial
+        >>> encode_placement(Shard(1)), encode_placement(Partial("max"))
+        ({'type': 'shard', 'dim': 1}, {'type': 'partial', 'reduce_op': 'max'})
+    """
+    typ = type(p)
+    if typ is Shard:
+        return {"type": "shard", "dim": int(p.dim)}
+    if typ is Replicate:
+        return {"type": "replicate"}
+    if typ is Partial:
+        return {"type": "partial", "reduce_op": str(p.reduce_op)}
+    if typ is _StridedShard:
+        return {"type": "strided_shard", "dim": int(p.dim), "split_factor": int(p.split_factor)}
+    raise TypeError(
+        E.UNENCODABLE_PLACEMENT.format(
+            key=fmt_key(key) if key else "?", placement=p, typ=typ.__name__
+        )
+    )
+
+
+def decode_placement(obj: Any) -> Placement:
+    """Inverse of :func:`encode_placement`.
+
+    Example:
+        >>> decode_placement({"type": "shard", "dim": 0})
+        Shard(dim=0)
+    """
+    kind = obj.get("type") if isinstance(obj, dict) else None
+    if kind == "shard" and isinstance(obj.get("dim"), int):
+        return Shard(obj["dim"])
+    if kind == "replicate":
+        return Replicate()
+    if kind == "partial" and isinstance(obj.get("reduce_op"), str):
+        return Partial(obj["reduce_op"])
+    if kind == "strided_shard" and isinstance(obj.get("dim"), int):
+        return _StridedShard(obj["dim"], split_factor=int(obj["split_factor"]))
+    raise ValueError(E.BAD_PLACEMENT_JSON.format(obj=obj))
+
+
+def encode_placements(ps: Sequence[Placement], key: KeyPath = ()) -> list[dict[str, Any]]:
+    """Encode a placement sequence (see :func:`encode_placement`).
+
+    Example:
+        >>> from torch.distributed.tensor import Shard, Replicate
+        >>> encode_placements([Replicate(), Shard(0)])
+        [{'type': 'replicate'}, {'type': 'shard', 'dim': 0}]
+    """
+    return [encode_placement(p, key) for p in ps]
+
+
+def decode_placements(objs: Sequence[Any]) -> Placements:
+    """Decode a placement sequence (see :func:`decode_placement`).
+
+    Example:
+        >>> decode_placements([{"type": "replicate"}, {"type": "partial", "reduce_op": "sum"}])
+        (Replicate(), Partial(sum))
+    """
+    return tuple(decode_placement(o) for o in objs)
+
+
+# --------------------------------------------------------------------------------------
+# validation and resolution
+# --------------------------------------------------------------------------------------
+def normalize(key: KeyPath, placements: Any, shape: Sequence[int], mesh: DeviceMesh) -> Placements:
+    """Check ``placements`` for a leaf of ``shape`` on ``mesh``; negative shard dims wrap."""
+    if not isinstance(placements, Sequence) or isinstance(placements, str):
+        raise TypeError(E.PLACEMENTS_SPEC.format(typ=type(placements).__name__))
+    ndim = len(shape)
+    if len(placements) != mesh.ndim:
+        raise ValueError(
+            E.PLACEMENTS_LENGTH.format(
+                key=fmt_key(key),
+                n=len(placements),
+                placements=list(placements),
+                ndim=mesh.ndim,
+                mesh_shape=tuple(mesh.shape),
+            )
+        )
+    out: list[Placement] = []
+    for i, p in enumerate(placements):
+        if not isinstance(p, Placement):
+            raise TypeError(
+                E.PLACEMENT_TYPE.format(key=fmt_key(key), value=p, typ=type(p).__name__)
+            )
+        if isinstance(p, (Shard, _StridedShard)):
+            if not -ndim <= p.dim < ndim:
+                raise ValueError(
+                    E.SHARD_DIM.format(
+                        key=fmt_key(key), dim=p.dim, mesh_dim=i, shape=tuple(shape), ndim=ndim
+                    )
+                )
+            if p.dim < 0:
+                d = p.dim + ndim
+                p = Shard(d) if type(p) is Shard else _StridedShard(d, split_factor=p.split_factor)
+        out.append(p)
+    return tuple(out)
+
+
+def _is_sequence_spec(spec: Any) -> bool:
+    return isinstance(spec, Sequence) and not isinstance(spec, str)
+
+
+def _as_path(k: Any) -> KeyPath:
+    if isinstance(k, str):
+        return (k,)
+    if isinstance(k, tuple) and k and all(isinstance(x, str) for x in k):
+        return k
+    raise TypeError(f"placement keys must be strings or tuples of strings, got {k!r}")
+
+
+def resolve(
+    pairs: Sequence[tuple[KeyPath, Tensor]],
+    spec: Any,
+    node_paths: Sequence[KeyPath],
+    cls_name: str,
+) -> list[Any | None]:
+    """The raw placements asked for each leaf (``None``: the spec says nothing about it).
+
+    ``pairs`` are the ``(key_path, leaf)`` of a container; ``node_paths`` every key path in
+    it (leaves and nested containers), used to reject mapping keys that name nothing.
+    """
+    if _is_sequence_spec(spec):
+        return [spec] * len(pairs)
+    if isinstance(spec, Mapping):
+        table = {_as_path(k): v for k, v in spec.items()}
+        known = set(node_paths)
+        for path in table:
+            if path not in known:
+                raise KeyError(
+                    E.UNKNOWN_PLACEMENT_KEY.format(
+                        key=fmt_key(path),
+                        cls=cls_name,
+                        available=", ".join(fmt_key(p) for p, _ in pairs),
+                    )
+                )
+        out: list[Any | None] = []
+        for path, _ in pairs:
+            found = None
+            for n in range(len(path), 0, -1):  # the longest prefix wins
+                if path[:n] in table:
+                    found = table[path[:n]]
+                    break
+            out.append(found)
+        return out
+    if callable(spec):
+        return [spec(path, leaf) for path, leaf in pairs]
+    raise TypeError(E.PLACEMENTS_SPEC.format(typ=type(spec).__name__))
