@@ -26,7 +26,7 @@ setup: $(STAMP)
 setup-bench: $(BSTAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules tdfunc tests
 
 demo: $(STAMP)
 	@set -e; for f in examples/*.py; do echo "== $$f"; $(PY) $$f; done
