@@ -216,7 +216,7 @@ class TensorTree(Node):
 
     def copy(self: T) -> T:
         """A shallow copy: a new container sharing the same leaves."""
-        return ops.map_leaves(self, leaves(self))
+        return _shallow_copy(self)
 
     def leaves(self) -> list[Tensor]:
         """All tensor leaves, depth first."""
@@ -358,6 +358,12 @@ class TensorTree(Node):
 
 
 _SUPPORTED = (Tensor, int, float, bool, complex)
+
+
+def _shallow_copy(node: Any) -> Any:
+    """New nodes (nested ones too) around the same leaves, in one pass."""
+    children = [_shallow_copy(v) if isinstance(v, Node) else v for v in node._tdf_children()]
+    return node._tdf_rebuild(children, node._batch_size, node._device)
 
 
 def _binop(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:

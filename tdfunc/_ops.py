@@ -448,7 +448,8 @@ def split(node: Any, split_size: int | Sequence[int], dim: int = 0) -> tuple[Any
     d = norm_dim(dim, len(bs), bs)
     probe, _ = _probe(node)
     sizes = [p.shape[d] for p in torch.split(probe, split_size, d)]
-    pieces = [torch.split(x, split_size, d) for x in leaves(node)]
+    # the probe validated split_size; split_with_sizes skips re-deriving the sizes per leaf
+    pieces = [x.split_with_sizes(sizes, d) for x in leaves(node)]
     shapes = [bs[:d] + torch.Size([s]) + bs[d + 1 :] for s in sizes]
     return _split_results(node, pieces, shapes)
 
