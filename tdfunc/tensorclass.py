@@ -27,7 +27,7 @@ from . import _tensorclass_codegen as G
 from . import _tensorclass_fields as F
 from ._base import TensorTree
 from ._tree import KeyPath, is_node, register
-from .tensordict import TensorDict, _repr
+from .tensordict import TensorDict, _as_path, _repr
 
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform
@@ -248,14 +248,6 @@ class _TensorClass(TensorTree):
 
 _C = TypeVar("_C", bound=_TensorClass)
 _NO_DEFAULT: Any = object()
-
-
-def _as_path(key: Any) -> KeyPath:
-    if isinstance(key, str):
-        return (key,)
-    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
-        return key
-    raise TypeError(E.BAD_KEY.format(key=key, typ=type(key).__name__))
 
 
 def _single_tensorclass(spec: F.ChildSpec | None) -> type | None:
