@@ -73,7 +73,9 @@ class TensorTree(Node):
 
     def __iter__(self) -> Iterator[Any]:
         if not self._batch_size:
-            raise TypeError(f"iteration over a {type(self).__name__} with batch_size=() is not defined")
+            raise TypeError(
+                f"iteration over a {type(self).__name__} with batch_size=() is not defined"
+            )
         return iter(ops.unbind(self, 0))
 
     def __bool__(self) -> bool:
@@ -83,7 +85,8 @@ class TensorTree(Node):
     def __setattr__(self, name: str, value: Any) -> None:
         raise TypeError(
             E.MUTATION.format(
-                cls=type(self).__name__, what=f"setting attribute {name!r}",
+                cls=type(self).__name__,
+                what=f"setting attribute {name!r}",
                 hint=f"td.replace({name}=...) or td.set({name!r}, ...)",
             )
         )
@@ -91,13 +94,16 @@ class TensorTree(Node):
     def __delattr__(self, name: str) -> None:
         raise TypeError(
             E.MUTATION.format(
-                cls=type(self).__name__, what=f"deleting attribute {name!r}",
+                cls=type(self).__name__,
+                what=f"deleting attribute {name!r}",
                 hint=f"td.exclude({name!r})",
             )
         )
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if isinstance(key, str) or (isinstance(key, tuple) and key and all(isinstance(k, str) for k in key)):
+        if isinstance(key, str) or (
+            isinstance(key, tuple) and key and all(isinstance(k, str) for k in key)
+        ):
             hint = f"td = td.set({key!r}, value)"
         else:
             hint = "td = td.at[index].set(value)"
@@ -174,7 +180,9 @@ class TensorTree(Node):
         return ops.chunk(self, chunks, dim)
 
     # ---------------------------------------------------------------- transforms
-    def apply(self: T, fn: Callable[..., Tensor], *others: Any, batch_size: Sequence[int] | None = None) -> T:
+    def apply(
+        self: T, fn: Callable[..., Tensor], *others: Any, batch_size: Sequence[int] | None = None
+    ) -> T:
         """``fn`` on every leaf (zipped with the leaves of ``others``)."""
         return ops.apply(self, fn, *others, batch_size=batch_size)
 
@@ -345,7 +353,11 @@ class TensorTree(Node):
     # ---------------------------------------------------------------- torch functions
     @classmethod
     def __torch_function__(
-        cls, func: Callable[..., Any], types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+        cls,
+        func: Callable[..., Any],
+        types: Any,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
         impl = _TORCH_FUNCTIONS.get(func)
@@ -369,7 +381,9 @@ def _shallow_copy(node: Any) -> Any:
 def _binop(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     if not (isinstance(a, (TensorTree, *_SUPPORTED)) and isinstance(b, (TensorTree, *_SUPPORTED))):
         a, b = ops.as_operand(a), ops.as_operand(b)
-        if not (isinstance(a, (TensorTree, *_SUPPORTED)) and isinstance(b, (TensorTree, *_SUPPORTED))):
+        if not (
+            isinstance(a, (TensorTree, *_SUPPORTED)) and isinstance(b, (TensorTree, *_SUPPORTED))
+        ):
             return NotImplemented
     return ops.binary(op, a, b)
 

@@ -1,17 +1,15 @@
 """Error message templates, kept in one place so tests can assert on them."""
 
-MUTATION = (
-    "{cls} is immutable: {what} is not allowed. Use the functional form instead: {hint}."
-)
+MUTATION = "{cls} is immutable: {what} is not allowed. Use the functional form instead: {hint}."
 MISSING_KEY = "key {key!r} not found in {cls} (available keys: {available})"
-NOT_A_NODE = "key {key!r} leads to a {kind}, not a nested container, so {rest!r} cannot be looked up"
+NOT_A_NODE = (
+    "key {key!r} leads to a {kind}, not a nested container, so {rest!r} cannot be looked up"
+)
 LEAF_SHAPE = (
     "key {key}: leaf shape {shape} does not start with batch_size {batch_size}; "
     "every leaf must have the batch dims as its leading dims"
 )
-NESTED_SHAPE = (
-    "key {key}: nested batch_size {shape} does not start with batch_size {batch_size}"
-)
+NESTED_SHAPE = "key {key}: nested batch_size {shape} does not start with batch_size {batch_size}"
 BAD_VALUE = (
     "key {key}: cannot store a value of type {typ} in a {cls}; "
     "use a tensor, a number, a numpy array, a dict or a TensorDict/tensorclass"

@@ -38,7 +38,8 @@ def norm_dim(dim: int, ndim: int, batch_size: Any = None) -> int:
     if not -ndim <= dim < ndim:
         raise IndexError(
             E.BATCH_DIM_RANGE.format(
-                dim=dim, batch_size=tuple(batch_size) if batch_size is not None else "?",
+                dim=dim,
+                batch_size=tuple(batch_size) if batch_size is not None else "?",
                 batch_dims=ndim,
             )
         )
@@ -372,7 +373,9 @@ def stack(nodes: Sequence[Any], dim: int = 0) -> Any:
     for i, n in enumerate(nodes):
         if n._batch_size != bs:
             raise ValueError(
-                E.STACK_SHAPE.format(op="stack", index=i, got=tuple(n._batch_size), expected=tuple(bs))
+                E.STACK_SHAPE.format(
+                    op="stack", index=i, got=tuple(n._batch_size), expected=tuple(bs)
+                )
             )
     columns = [leaves(n) for n in nodes]
     _check_leaf_shapes(nodes, columns, "stack", None)
@@ -410,7 +413,9 @@ def cat(nodes: Sequence[Any], dim: int = 0) -> Any:
     return map_leaves(first, out, new_bs)
 
 
-def _split_results(node: Any, pieces_per_leaf: list[Sequence[Tensor]], shapes: list[torch.Size]) -> tuple[Any, ...]:
+def _split_results(
+    node: Any, pieces_per_leaf: list[Sequence[Tensor]], shapes: list[torch.Size]
+) -> tuple[Any, ...]:
     out = []
     n_pieces = len(shapes)
     for p in range(n_pieces):
@@ -488,15 +493,21 @@ def validate_leaves(node: Any, new: Sequence[Tensor], batch_size: torch.Size, wh
         return
     for (path, _), x in zip(leaves_with_paths(node), new):
         if not isinstance(x, Tensor):
-            raise TypeError(f"{what}: key {fmt_key(path)} produced {type(x).__name__}, not a tensor")
+            raise TypeError(
+                f"{what}: key {fmt_key(path)} produced {type(x).__name__}, not a tensor"
+            )
         if x.shape[:bd] != batch_size:
             raise ValueError(
-                E.LEAF_SHAPE.format(key=fmt_key(path), shape=tuple(x.shape), batch_size=tuple(batch_size))
+                E.LEAF_SHAPE.format(
+                    key=fmt_key(path), shape=tuple(x.shape), batch_size=tuple(batch_size)
+                )
                 + f" (after {what})"
             )
 
 
-def apply(node: Any, fn: Callable[..., Tensor], *others: Any, batch_size: Sequence[int] | None = None) -> Any:
+def apply(
+    node: Any, fn: Callable[..., Tensor], *others: Any, batch_size: Sequence[int] | None = None
+) -> Any:
     """``fn`` on every leaf (zipped with the leaves of ``others``, of the same structure).
 
     The result keeps ``node``'s batch size unless ``batch_size`` is given; each result leaf is
@@ -690,7 +701,12 @@ def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     if is_node(a):
         ls = leaves(a)
         f = _FOREACH.get(op)
-        if f is not None and isinstance(b, (int, float)) and not isinstance(b, bool) and _can_foreach(ls):
+        if (
+            f is not None
+            and isinstance(b, (int, float))
+            and not isinstance(b, bool)
+            and _can_foreach(ls)
+        ):
             return map_leaves(a, f(ls, b))
         out = [op(x, b) for x in ls]
         if isinstance(b, Tensor) and b.ndim > 0:

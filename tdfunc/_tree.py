@@ -319,13 +319,25 @@ def register(
 
     def _to_dumpable(ctx: tuple) -> Any:
         keys, bd, ndims, dev, empty, static = ctx
-        return [list(keys), bd, list(ndims), dev, None if empty is None else list(empty),
-                _static_to_json(static)]
+        return [
+            list(keys),
+            bd,
+            list(ndims),
+            dev,
+            None if empty is None else list(empty),
+            _static_to_json(static),
+        ]
 
     def _from_dumpable(obj: Any) -> tuple:
         keys, bd, ndims, dev, empty, static = obj
-        return (tuple(keys), int(bd), tuple(ndims), dev,
-                None if empty is None else tuple(empty), _static_from_json(static))
+        return (
+            tuple(keys),
+            int(bd),
+            tuple(ndims),
+            dev,
+            None if empty is None else tuple(empty),
+            _static_from_json(static),
+        )
 
     pytree.register_pytree_node(
         cls,

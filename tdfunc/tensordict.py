@@ -140,7 +140,9 @@ class TensorDict(TensorTree):
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def _new(cls, data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> TensorDict:
+    def _new(
+        cls, data: dict[str, Any], batch_size: torch.Size, device: torch.device | None
+    ) -> TensorDict:
         """Trusted constructor: no conversion, no checks (for ops that keep the invariants)."""
         self = object.__new__(cls)
         object.__setattr__(self, "_data", data)
@@ -150,7 +152,11 @@ class TensorDict(TensorTree):
 
     @classmethod
     def _build(
-        cls, mapping: Mapping[str, Any], batch_size: torch.Size, device: torch.device | None, prefix: KeyPath
+        cls,
+        mapping: Mapping[str, Any],
+        batch_size: torch.Size,
+        device: torch.device | None,
+        prefix: KeyPath,
     ) -> TensorDict:
         data: dict[str, Any] = {}
         for k, v in mapping.items():
@@ -236,7 +242,8 @@ class TensorDict(TensorTree):
                     return default
                 raise KeyError(
                     E.MISSING_KEY.format(
-                        key=path if len(path) > 1 else k, cls=type(self).__name__,
+                        key=path if len(path) > 1 else k,
+                        cls=type(self).__name__,
                         available=list(node._tdf_keys()),
                     )
                 )
@@ -254,7 +261,9 @@ class TensorDict(TensorTree):
             return self._get_path(key, _MISSING_SENTINEL) is not _MISSING_SENTINEL  # type: ignore[arg-type]
         raise TypeError(E.BAD_KEY.format(key=key, typ=type(key).__name__))
 
-    def _walk(self, include_nested: bool, leaves_only: bool, prefix: KeyPath = ()) -> list[tuple[Any, Any]]:
+    def _walk(
+        self, include_nested: bool, leaves_only: bool, prefix: KeyPath = ()
+    ) -> list[tuple[Any, Any]]:
         out: list[tuple[Any, Any]] = []
         for k, v in self._data.items():
             path = prefix + (k,)
@@ -278,7 +287,9 @@ class TensorDict(TensorTree):
             return list(self._data.values())
         return [v for _, v in self._walk(include_nested, leaves_only)]
 
-    def items(self, include_nested: bool = False, leaves_only: bool = False) -> list[tuple[Any, Any]]:
+    def items(
+        self, include_nested: bool = False, leaves_only: bool = False
+    ) -> list[tuple[Any, Any]]:
         """``(key, value)`` pairs in the order of :meth:`keys`."""
         if not include_nested and not leaves_only:
             return list(self._data.items())
@@ -293,7 +304,9 @@ class TensorDict(TensorTree):
             return TensorDict._new(data, self._batch_size, self._device)
         return _set_path(self, _as_path(key), value)
 
-    def update(self, other: Mapping[str, Any] | TensorDict | None = None, /, **kwargs: Any) -> TensorDict:
+    def update(
+        self, other: Mapping[str, Any] | TensorDict | None = None, /, **kwargs: Any
+    ) -> TensorDict:
         """A new TensorDict with the entries of ``other`` (nested mappings merged recursively)."""
         out: TensorDict = self
         pairs: list[tuple[Any, Any]] = []
@@ -303,7 +316,9 @@ class TensorDict(TensorTree):
             elif isinstance(other, Mapping):
                 pairs.extend(other.items())
             else:
-                raise TypeError(f"update expects a mapping or a TensorDict, got {type(other).__name__}")
+                raise TypeError(
+                    f"update expects a mapping or a TensorDict, got {type(other).__name__}"
+                )
         bs, dev = self._batch_size, self._device
         # values of a TensorDict with the same batch size (and a compatible device) are
         # already valid children here: no need to check them again
@@ -362,7 +377,9 @@ class TensorDict(TensorTree):
                 continue
             child = self._data[k]
             if not isinstance(child, TensorDict):
-                raise KeyError(E.NOT_A_NODE.format(key=(k,), kind=type(child).__name__, rest=subs[0]))
+                raise KeyError(
+                    E.NOT_A_NODE.format(key=(k,), kind=type(child).__name__, rest=subs[0])
+                )
             out[k] = child.select(*subs, strict=strict)
         ordered = {k: out[k] for k in self._data if k in out}
         return TensorDict._new(ordered, self._batch_size, self._device)
@@ -530,8 +547,13 @@ def _repr(node: Any, indent: int) -> str:
     return "\n".join(lines)
 
 
-def _from_context(keys: Sequence[str], children: Sequence[Any], batch_size: torch.Size,
-                  device: torch.device | None, static: Any) -> TensorDict:
+def _from_context(
+    keys: Sequence[str],
+    children: Sequence[Any],
+    batch_size: torch.Size,
+    device: torch.device | None,
+    static: Any,
+) -> TensorDict:
     return TensorDict._new(dict(zip(keys, children)), batch_size, device)
 
 
@@ -541,8 +563,12 @@ register(TensorDict, _from_context, "tdfunc.TensorDict", pytree.MappingKey, optr
 torch.serialization.add_safe_globals([TensorDict, _rebuild_tensordict])
 
 
-def from_dict(d: Mapping[str, Any], *, batch_size: Sequence[int] | None = None,
-              batch_dims: int | None = None, device: torch.device | str | None = None) -> TensorDict:
+def from_dict(
+    d: Mapping[str, Any],
+    *,
+    batch_size: Sequence[int] | None = None,
+    batch_dims: int | None = None,
+    device: torch.device | str | None = None,
+) -> TensorDict:
     """Module-level alias of :meth:`TensorDict.from_dict`."""
     return TensorDict.from_dict(d, batch_size=batch_size, batch_dims=batch_dims, device=device)
-

@@ -10,8 +10,15 @@ from torch import Tensor
 from ._tree import KeyPath, fmt_key, is_node
 
 
-def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None,
-                 check_dtype: bool = True, _path: KeyPath = ()) -> None:
+def assert_close(
+    actual: Any,
+    expected: Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    check_dtype: bool = True,
+    _path: KeyPath = (),
+) -> None:
     """Assert two containers have the same structure, batch size and close leaves.
 
     The error names the first differing key path.
@@ -36,7 +43,9 @@ def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol:
                 raise AssertionError(f"at {where}: expected {expected!r}, got {actual!r}")
             return
         try:
-            torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, check_dtype=check_dtype)
+            torch.testing.assert_close(
+                actual, expected, rtol=rtol, atol=atol, check_dtype=check_dtype
+            )
         except AssertionError as e:
             raise AssertionError(f"at {where}: {e}") from None
         return

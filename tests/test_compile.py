@@ -38,8 +38,19 @@ def test_op_compiles_fullgraph(container, op):
 
 @pytest.mark.parametrize(
     "op",
-    ["add_scalar", "index_slice", "reshape", "stack", "cat", "sum_dim", "apply", "at_set", "expand",
-     "to_dtype", "all_dim"],
+    [
+        "add_scalar",
+        "index_slice",
+        "reshape",
+        "stack",
+        "cat",
+        "sum_dim",
+        "apply",
+        "at_set",
+        "expand",
+        "to_dtype",
+        "all_dim",
+    ],
 )
 def test_no_recompile_across_batch_sizes_dynamic(op):
     """unbind / split produce a number of outputs that depends on the batch size, so they
@@ -48,9 +59,7 @@ def test_no_recompile_across_batch_sizes_dynamic(op):
     cnt = CompileCounterWithBackend("eager")
     cfn = torch.compile(fn, backend=cnt, fullgraph=True, dynamic=True)
     for b in (4, 6, 8, 10):
-        td = TensorDict(
-            {"a": torch.randn(b, 3), "n": {"c": torch.randn(b, 2)}}, batch_size=[b]
-        )
+        td = TensorDict({"a": torch.randn(b, 3), "n": {"c": torch.randn(b, 2)}}, batch_size=[b])
         compare(cfn(td), fn(td))
     assert cnt.frame_count == 1
 

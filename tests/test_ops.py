@@ -196,7 +196,9 @@ def test_apply_named_apply_to_clone():
     d = td.to(torch.float64)
     assert all(x.dtype == torch.float64 for x in d.leaves())
     assert td.to("cpu").device == torch.device("cpu")
-    assert td.double()["a"].dtype == torch.float64 and td.double().float()["a"].dtype == torch.float32
+    assert (
+        td.double()["a"].dtype == torch.float64 and td.double().float()["a"].dtype == torch.float32
+    )
     c = td.clone()
     assert c["a"] is not td["a"] and torch.equal(c["a"], td["a"])
     r = td.apply(lambda x: x.float().requires_grad_())
