@@ -165,48 +165,45 @@ def _init_source(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _rebuild_source(plan: Plan) -> str:
-    """``_tdf_rebuild``: trusted, same static fields, new children (no checks, no __post_init__)."""
-    n = len(plan.children)
-    lines = [
-        "def _tdf_rebuild(__tdf_self__, children, batch_size, device):",
-        "    __tdf_new__ = __tdf_object__.__new__(__tdf_cls__)",
-    ]
-    if n:
-        targets = "".join(f"__tdf_c{i}__, " for i in range(n))
-        lines.append(f"    {targets}= children")
-    for i, name in enumerate(plan.children):
-        lines.append(f"    __tdf_object__.__setattr__(__tdf_new__, {name!r}, __tdf_c{i}__)")
-    for name in plan.statics:
-        lines.append(f"    __tdf_object__.__setattr__(__tdf_new__, {name!r}, __tdf_self__.{name})")
-    lines += [
-        "    __tdf_object__.__setattr__(__tdf_new__, '_batch_size', batch_size)",
-        "    __tdf_object__.__setattr__(__tdf_new__, '_device', device)",
-        "    return __tdf_new__",
-    ]
-    return "\n".join(lines)
-
-
-def _unflatten_source(plan: Plan) -> str:
-    """Rebuild from a pytree context: children (``None`` fields restored) and static values."""
-    n = len(plan.children)
-    lines = [
-        "def __tdf_unflatten__(keys, children, batch_size, device, static):",
-        "    __tdf_new__ = __tdf_object__.__new__(__tdf_cls__)",
-    ]
-    if n:
-        targets = "".join(f"__tdf_c{i}__, " for i in range(n))
+def _trusted_build_source(
+    plan: Plan, signature: str, static_value: Callable[[int, str], str]
+) -> str:
+    """A trusted constructor: new object, children unpacked from ``children``, static fields
+    from ``static_value(i, name)``, then batch size and device (no checks, no __post_init__)."""
+    lines = [f"def {signature}:", "    __tdf_new__ = __tdf_object__.__new__(__tdf_cls__)"]
+    if plan.children:
+        targets = "".join(f"__tdf_c{i}__, " for i in range(len(plan.children)))
         lines.append(f"    {targets}= children")
     for i, name in enumerate(plan.children):
         lines.append(f"    __tdf_object__.__setattr__(__tdf_new__, {name!r}, __tdf_c{i}__)")
     for i, name in enumerate(plan.statics):
-        lines.append(f"    __tdf_object__.__setattr__(__tdf_new__, {name!r}, static[{i}][1])")
+        lines.append(
+            f"    __tdf_object__.__setattr__(__tdf_new__, {name!r}, {static_value(i, name)})"
+        )
     lines += [
         "    __tdf_object__.__setattr__(__tdf_new__, '_batch_size', batch_size)",
         "    __tdf_object__.__setattr__(__tdf_new__, '_device', device)",
         "    return __tdf_new__",
     ]
     return "\n".join(lines)
+
+
+def _rebuild_source(plan: Plan) -> str:
+    """``_tdf_rebuild``: trusted, same static fields, new children (no checks, no __post_init__)."""
+    return _trusted_build_source(
+        plan,
+        "_tdf_rebuild(__tdf_self__, children, batch_size, device)",
+        lambda i, name: f"__tdf_self__.{name}",
+    )
+
+
+def _unflatten_source(plan: Plan) -> str:
+    """Rebuild from a pytree context: children (``None`` fields restored) and static values."""
+    return _trusted_build_source(
+        plan,
+        "__tdf_unflatten__(keys, children, batch_size, device, static)",
+        lambda i, name: f"static[{i}][1]",
+    )
 
 
 _REPLACE_DOC = (
