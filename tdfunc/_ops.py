@@ -23,7 +23,6 @@ from ._tree import (
     leaves,
     leaves_with_paths,
     map_leaves,
-    rebuild,
     same_structure,
 )
 
@@ -815,13 +814,6 @@ def any_(node: Any, dim: Any = None) -> Any:
     return torch.stack([x.any() for x in ls]).any()
 
 
-# --------------------------------------------------------------------------------------
-# misc
-# --------------------------------------------------------------------------------------
-def same_structure_leaves(a: Any, b: Any) -> None:
-    _check_same_keys(a, b, "compare")
-
-
 __all__ = [
     "AtIndexer",
     "all_",
@@ -858,5 +850,3 @@ __all__ = [
     "view",
     "zeros_like",
 ]
-
-_ = rebuild  # re-exported helper used by other modules
