@@ -121,9 +121,6 @@ class TensorTree(Node):
     __hash__ = object.__hash__
 
     # ---------------------------------------------------------------- indexing
-    def _index(self: T, idx: Any) -> T:
-        return ops.index(self, idx)
-
     @property
     def at(self) -> ops.AtIndexer:
         """Out-of-place indexed updates: ``td.at[idx].set(value)`` / ``.add(value)``."""

@@ -730,7 +730,7 @@ def elementwise(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str,
     for n in nodes[1:]:
         _check_same_keys(ref, n, getattr(func, "__name__", "op"))
     cols = [leaves(a) if is_node(a) else None for a in args]
-    n_leaves = len(leaves(ref))
+    n_leaves = len(next(c for c in cols if c is not None))
     out = []
     for i in range(n_leaves):
         call_args = [c[i] if c is not None else a for a, c in zip(args, cols)]

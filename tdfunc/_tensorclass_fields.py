@@ -168,6 +168,16 @@ def _expected(spec: ChildSpec) -> str:
     return " or ".join(parts)
 
 
+def _check_prefix(cls: type, name: str, shape: torch.Size, batch_size: torch.Size) -> None:
+    """``ValueError`` naming the field when ``shape`` does not start with ``batch_size``."""
+    if shape[: len(batch_size)] != batch_size:
+        raise ValueError(
+            FIELD_SHAPE.format(
+                cls=cls.__name__, name=name, shape=tuple(shape), batch_size=tuple(batch_size)
+            )
+        )
+
+
 def child_value(
     cls: type,
     name: str,
@@ -177,19 +187,10 @@ def child_value(
     spec: ChildSpec,
 ) -> Any:
     """Check (and if needed move or convert) the value of a data field."""
-    bd = len(batch_size)
     if spec.tensor and isinstance(value, Tensor):
         if device is not None and value.device != device:
             value = value.to(device)
-        if value.shape[:bd] != batch_size:
-            raise ValueError(
-                FIELD_SHAPE.format(
-                    cls=cls.__name__,
-                    name=name,
-                    shape=tuple(value.shape),
-                    batch_size=tuple(batch_size),
-                )
-            )
+        _check_prefix(cls, name, value.shape, batch_size)
         return value
     if value is None:
         if spec.optional:
@@ -198,15 +199,7 @@ def child_value(
     if spec.nodes and isinstance(value, spec.nodes):
         if device is not None and value._device != device:
             value = ops.to(value, device)
-        if value._batch_size[:bd] != batch_size:
-            raise ValueError(
-                FIELD_SHAPE.format(
-                    cls=cls.__name__,
-                    name=name,
-                    shape=tuple(value._batch_size),
-                    batch_size=tuple(batch_size),
-                )
-            )
+        _check_prefix(cls, name, value._batch_size, batch_size)
         return value
     if spec.mapping and isinstance(value, Mapping) and not is_node(value):
         from .tensordict import TensorDict

@@ -11,7 +11,7 @@ below, so TensorDict and tensorclass share one code path:
 * ``node._batch_size`` / ``node._device``
 
 Pytree context (``torch.utils._pytree`` and optree) is a small hashable tuple holding only
-structure: ``(keys, batch_dims, child_ndims, device, empty_batch)``. No absolute size is kept
+structure: ``(keys, batch_dims, child_ndims, device, empty_batch, static)``. No absolute size is kept
 when the node has children: ``batch_size`` is re-derived from the leaves at unflatten. The
 difference between a child's ndim at unflatten and at flatten tells how many batch dims a
 transform (``torch.vmap``) added or removed, so vmap works with no patching of torch.
@@ -127,20 +127,8 @@ def map_leaves(
     )
 
 
-def structure(node: Any) -> Any:
-    """A hashable description of a node's structure (types, keys, static fields, nesting)."""
-    if not is_node(node):
-        return None if node is None else "leaf"
-    return (
-        type(node),
-        node._tdf_keys(),
-        getattr(node, "_tdf_static", lambda: ())(),
-        tuple(structure(c) for c in node._tdf_children()),
-    )
-
-
 def same_structure(a: Any, b: Any) -> bool:
-    """``structure(a) == structure(b)`` for two nodes, without building either description.
+    """True when two nodes have the same types, keys, static fields and nesting.
 
     Stops at the first difference and skips shared sub-nodes (``a is b``), so the checks of
     binary ops, ``stack`` and ``cat`` cost little in eager mode and little to trace.
@@ -192,16 +180,6 @@ def fmt_key(path: KeyPath) -> str:
 # --------------------------------------------------------------------------------------
 # pytree registration
 # --------------------------------------------------------------------------------------
-def _child_ndim(v: Any) -> int:
-    if isinstance(v, Tensor):
-        return v.ndim
-    if is_node(v):
-        return len(v._batch_size)
-    if v is None:
-        return -1  # a None field: kept in the structure, not among the children
-    return -2  # a non-tensor child (e.g. the ints of a vmap in_dims tree)
-
-
 def _context(node: Node) -> tuple:
     ndims = []
     has_ref = False

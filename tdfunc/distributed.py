@@ -570,19 +570,8 @@ def recv(
             mesh or of the wrong length, a shard dim past a leaf's ndim.
 
     Example:
-        One function runs on every rank (see :func:`launch`; the complete program is
-        ``examples/dtensor_transfer.py``). Ranks 0 and 1 (mesh A) send to ranks 2 and 3
-        (mesh B)::
-
-            def rank_main(rank, world):
-                mesh_a, mesh_b = DeviceMesh("cpu", [0, 1]), DeviceMesh("cpu", [2, 3])
-                if rank < 2:
-                    sharded = distribute(params, mesh_a, [Shard(0)])
-                    return send(sharded, dst=rank + 2)  # bytes sent
-                td = recv(src=rank - 2, mesh=mesh_b, placements=[Replicate()])
-                return full_tensor(td)
-
-            launch(rank_main, 4)
+        See :func:`send`: the same ``rank_main`` runs :func:`send` on mesh A and this function on
+        mesh B (complete program: ``examples/dtensor_transfer.py``).
     """
     device = wire.comm_device(group)
     inc = wire.receive(src, dist.get_rank(), group, device, mesh, placements)

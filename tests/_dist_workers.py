@@ -8,7 +8,6 @@ rank and its traceback.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import time
 from typing import Any
@@ -22,8 +21,6 @@ import tdfunc
 from tdfunc import _dist_plan
 from tdfunc import _dist_transfer as wire
 from tdfunc import distributed as tdd
-
-HAS_TENSORCLASS = importlib.util.find_spec("tdfunc.tensorclass") is not None
 
 
 # --------------------------------------------------------------------------------------
@@ -359,9 +356,8 @@ def run_two(rank: int, world: int) -> dict[str, Any]:
     res["err_src_rank"] = caught(lambda: tdd.distribute(many, mesh, [Shard(0)], src_data_rank=7))
     lap("errors")
 
-    # tensorclass (when the module exists)
-    if HAS_TENSORCLASS:
-        res["tensorclass"] = _tensorclass_checks(mesh)
+    # tensorclass
+    res["tensorclass"] = _tensorclass_checks(mesh)
     res["laps"] = lap.times
     return res
 
@@ -518,18 +514,17 @@ def run_four(rank: int, world: int) -> dict[str, Any]:
     lap("recv compiled")
 
     # tensorclass across meshes
-    if HAS_TENSORCLASS:
-        from _dist_tc import Pair
+    from _dist_tc import Pair
 
-        if in_a:
-            p = Pair(x=reference_full((4, 2), 1), y=reference_full((4,), 2), batch_size=[4])
-            tdd.send(tdd.distribute(p, mesh_a, [Shard(0)]), peer)
-        else:
-            got_tc = tdd.recv(peer, mesh=mesh_b)
-            res["tc_type"] = type(got_tc).__name__
-            res["tc_values"] = (
-                (tdd.full_tensor(got_tc, **eager).x - reference_full((4, 2), 1)).abs().max().item()
-            )
+    if in_a:
+        p = Pair(x=reference_full((4, 2), 1), y=reference_full((4,), 2), batch_size=[4])
+        tdd.send(tdd.distribute(p, mesh_a, [Shard(0)]), peer)
+    else:
+        got_tc = tdd.recv(peer, mesh=mesh_b)
+        res["tc_type"] = type(got_tc).__name__
+        res["tc_values"] = (
+            (tdd.full_tensor(got_tc, **eager).x - reference_full((4, 2), 1)).abs().max().item()
+        )
 
     # bad pairings: ValueError on both sides, nobody hangs
     small = tdfunc.TensorDict(w=src_full["w"])

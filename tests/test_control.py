@@ -13,16 +13,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from tdfunc import TensorDict
 from tdfunc import control as C
 from tdfunc.control import cond, scan, while_loop
+from tdfunc.tensorclass import tensorclass
 from tdfunc.testing import assert_close
-
-try:
-    from tdfunc.tensorclass import tensorclass
-except ImportError:  # pragma: no cover - tensorclass is part of the package
-    tensorclass = None
-
-needs_tensorclass = pytest.mark.skipif(
-    tensorclass is None, reason="tdfunc.tensorclass is not importable"
-)
 
 
 def make_td(b: int = 3) -> TensorDict:
@@ -76,7 +68,6 @@ def test_cond_python_bool_pred_and_plain_tensors():
     torch.testing.assert_close(cond(x.sum() > 100, torch.sin, torch.cos, (x,)), x.cos())
 
 
-@needs_tensorclass
 def test_cond_tensorclass_and_nested_pytrees():
     @tensorclass
     class State:
@@ -170,7 +161,6 @@ def test_while_loop_compiled():
     check_compiled(loop, lambda: (make_td(),))
 
 
-@needs_tensorclass
 def test_while_loop_tensorclass_carry():
     @tensorclass
     class Particle:
@@ -261,7 +251,6 @@ def test_scan_dim_and_reverse():
     torch.testing.assert_close(ys_rev, xs["r"].flip(0).cumsum(0).flip(0))
 
 
-@needs_tensorclass
 def test_scan_tensorclass_xs_and_carry():
     @tensorclass
     class Step:

@@ -406,8 +406,6 @@ def test_redistribute_errors(two: list[dict[str, Any]]) -> None:
 
 
 def test_tensorclass_1d(two: list[dict[str, Any]]) -> None:
-    if not W.HAS_TENSORCLASS:
-        pytest.skip("tdfunc.tensorclass is not available")
     for r in two:
         tc = r["tensorclass"]
         assert tc == {"type": "Pair", "values": 0.0, "local_type": "Pair"}
@@ -494,8 +492,6 @@ def test_recv_redistributes_in_one_graph(four: list[dict[str, Any]]) -> None:
 
 
 def test_tensorclass_travels(four: list[dict[str, Any]]) -> None:
-    if not W.HAS_TENSORCLASS:
-        pytest.skip("tdfunc.tensorclass is not available")
     for r in four[2:]:
         assert r["tc_type"] == "Pair" and r["tc_values"] == 0.0
 

@@ -15,16 +15,8 @@ from torch.export import Dim
 from tdfunc import TensorDict
 from tdfunc._export import NOT_A_BATCH_DIM, dynamic_batch_shapes
 from tdfunc.control import cond
+from tdfunc.tensorclass import tensorclass
 from tdfunc.testing import assert_close
-
-try:
-    from tdfunc.tensorclass import tensorclass
-except ImportError:  # pragma: no cover - tensorclass is part of the package
-    tensorclass = None
-
-needs_tensorclass = pytest.mark.skipif(
-    tensorclass is None, reason="tdfunc.tensorclass is not importable"
-)
 
 
 class Policy(nn.Module):
@@ -106,7 +98,6 @@ if tensorclass is not None:
         scale: float = 2.0
 
 
-@needs_tensorclass
 def test_export_tensorclass_in_and_out(caplog):
     class M(nn.Module):
         def __init__(self) -> None:

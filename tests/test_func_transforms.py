@@ -14,16 +14,8 @@ from torch import nn
 from tdfunc import TensorDict
 from tdfunc import _errors as E
 from tdfunc.nn import from_module, functional_call
+from tdfunc.tensorclass import tensorclass
 from tdfunc.testing import assert_close
-
-try:
-    from tdfunc.tensorclass import tensorclass
-except ImportError:  # pragma: no cover - tensorclass is part of the package
-    tensorclass = None
-
-needs_tensorclass = pytest.mark.skipif(
-    tensorclass is None, reason="tdfunc.tensorclass is not importable"
-)
 
 
 def make_td(b: int = 4) -> TensorDict:
@@ -125,7 +117,6 @@ def test_jacrev_and_jacfwd_vector_output_prepend_output_dims():
     assert_close(jf, jr)
 
 
-@needs_tensorclass
 def test_transforms_over_a_tensorclass():
     @tensorclass
     class Pair:

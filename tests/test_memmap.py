@@ -31,21 +31,13 @@ from tdfunc import _memmap_errors as E
 from tdfunc import _memmap_store as S
 from tdfunc._memmap_tensor import DTYPES
 from tdfunc.memmap import MemmapFormatError, MemoryMappedTensor, load, memmap_like, save
+from tdfunc.tensorclass import tensorclass
 from tdfunc.testing import assert_close
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 HELPERS = HERE / "_memmap_helpers.py"
 CHILD_TIMEOUT_S = 240
-
-try:  # tensorclass support is tested when the module is present
-    from tdfunc.tensorclass import tensorclass
-except ImportError:  # pragma: no cover - depends on the checkout
-    tensorclass = None
-
-needs_tensorclass = pytest.mark.skipif(
-    tensorclass is None, reason="tdfunc.tensorclass is not available in this checkout"
-)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -683,7 +675,6 @@ if tensorclass is not None:
         tag: frozenset = frozenset({1})
 
 
-@needs_tensorclass
 def test_tensorclass_round_trip(tmp_path):
     tc = MemSample(
         torch.randn(4, 3),
@@ -712,7 +703,6 @@ def test_tensorclass_round_trip(tmp_path):
     assert cnt.frame_count == 1
 
 
-@needs_tensorclass
 def test_tensorclass_bad_input(tmp_path):
     with pytest.raises(TypeError, match="field 'tag' of Unsavable holds a frozenset"):
         save(Unsavable(torch.ones(2), batch_size=[2]), tmp_path / "u")

@@ -16,16 +16,8 @@ import tdfunc
 from tdfunc import TensorDict
 from tdfunc.nn import _functional as F
 from tdfunc.nn import from_module, functional_call, stack_modules
+from tdfunc.tensorclass import tensorclass
 from tdfunc.testing import assert_close
-
-try:
-    from tdfunc.tensorclass import tensorclass
-except ImportError:  # pragma: no cover - tensorclass is part of the package
-    tensorclass = None
-
-needs_tensorclass = pytest.mark.skipif(
-    tensorclass is None, reason="tdfunc.tensorclass is not importable"
-)
 
 
 def mlp(i: int = 3, o: int = 2, hidden: int = 8, seed: int | None = None) -> nn.Module:
@@ -418,7 +410,6 @@ def test_compiled_model_forward_takes_and_returns_a_tensordict():
     assert cnt.frame_count == 1
 
 
-@needs_tensorclass
 def test_compiled_model_forward_takes_and_returns_a_tensorclass():
     @tensorclass
     class Batch:
@@ -444,7 +435,6 @@ def test_compiled_model_forward_takes_and_returns_a_tensorclass():
     assert cnt.frame_count == 1
 
 
-@needs_tensorclass
 def test_functional_call_with_tensorclass_params():
     @tensorclass
     class LinParams:
