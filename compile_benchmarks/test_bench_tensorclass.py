@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
-from tdfunc.tensorclass import tensorclass
+from tdfunc import tensorclass
 
 CATEGORY = "tensorclass"
 CONTENDERS = ("tdfunc_tc", "tensordict_tc", "pytree")

@@ -10,7 +10,7 @@ import io
 import torch
 
 import tdfunc
-from tdfunc.tensorclass import tensorclass
+from tdfunc import tensorclass
 
 
 @tensorclass

@@ -22,7 +22,7 @@ from ._tree import OPTREE_NAMESPACE, is_node
 from .control import cond, scan, while_loop
 from .memmap import MemmapFormatError, MemoryMappedTensor, load, memmap_like, save
 from .nn import from_module, functional_call, stack_modules
-from .tensorclass import is_tensorclass, tensorclass
+from ._tensorclass import is_tensorclass, tensorclass
 from .tensordict import TensorDict, from_dict
 
 __version__ = "0.1.0"

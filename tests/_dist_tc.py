@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tdfunc.tensorclass import tensorclass
+from tdfunc import tensorclass
 
 
 @tensorclass

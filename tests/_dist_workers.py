@@ -18,8 +18,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import tdfunc
-from tdfunc import _dist_plan
-from tdfunc import _dist_transfer as wire
+from tdfunc.distributed import _plan as _dist_plan
+from tdfunc.distributed import _transfer as wire
 from tdfunc import distributed as tdd
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import tdfunc
-from tdfunc import _memmap_store
+from tdfunc.memmap import _store as _memmap_store
 from tdfunc.memmap import MemoryMappedTensor, load, save
 
 GRANDCHILD_TIMEOUT_S = 60.0

@@ -13,7 +13,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from tdfunc import TensorDict
 from tdfunc import control as C
 from tdfunc.control import cond, scan, while_loop
-from tdfunc.tensorclass import tensorclass
+from tdfunc import tensorclass
 from tdfunc.testing import assert_close
 
 

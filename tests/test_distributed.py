@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from tdfunc import _dist_errors as E
-from tdfunc import _dist_launch
-from tdfunc import _dist_plan as P
-from tdfunc import _dist_transfer as wire
+from tdfunc.distributed import _errors as E
+from tdfunc.distributed import _launch as _dist_launch
+from tdfunc.distributed import _plan as P
+from tdfunc.distributed import _transfer as wire
 from tdfunc import distributed as tdd
 
 pytestmark = pytest.mark.slow

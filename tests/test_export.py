@@ -15,7 +15,7 @@ from torch.export import Dim
 from tdfunc import TensorDict
 from tdfunc._export import NOT_A_BATCH_DIM, dynamic_batch_shapes
 from tdfunc.control import cond
-from tdfunc.tensorclass import tensorclass
+from tdfunc import tensorclass
 from tdfunc.testing import assert_close
 
 

@@ -14,7 +14,7 @@ from torch import nn
 from tdfunc import TensorDict
 from tdfunc import _errors as E
 from tdfunc.nn import from_module, functional_call
-from tdfunc.tensorclass import tensorclass
+from tdfunc import tensorclass
 from tdfunc.testing import assert_close
 
 

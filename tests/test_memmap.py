@@ -27,11 +27,11 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
 from tdfunc import TensorDict
-from tdfunc import _memmap_errors as E
-from tdfunc import _memmap_store as S
-from tdfunc._memmap_tensor import DTYPES
+from tdfunc.memmap import _errors as E
+from tdfunc.memmap import _store as S
+from tdfunc.memmap._tensor import DTYPES
 from tdfunc.memmap import MemmapFormatError, MemoryMappedTensor, load, memmap_like, save
-from tdfunc.tensorclass import tensorclass
+from tdfunc import tensorclass
 from tdfunc.testing import assert_close
 
 HERE = Path(__file__).resolve().parent

@@ -16,7 +16,7 @@ import tdfunc
 from tdfunc import TensorDict
 from tdfunc.nn import _functional as F
 from tdfunc.nn import from_module, functional_call, stack_modules
-from tdfunc.tensorclass import tensorclass
+from tdfunc import tensorclass
 from tdfunc.testing import assert_close
 
 

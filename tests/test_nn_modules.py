@@ -17,7 +17,7 @@ import tdfunc.nn
 from tdfunc import TensorDict
 from tdfunc.nn import TensorDictModule, TensorDictSequential
 from tdfunc.nn import _routing as R
-from tdfunc.tensorclass import tensorclass
+from tdfunc import tensorclass
 from tdfunc.testing import assert_close
 
 

@@ -23,8 +23,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
 from tdfunc import TensorDict
-from tdfunc import _tensorclass_fields as F
-from tdfunc.tensorclass import is_tensorclass, tensorclass
+from tdfunc._tensorclass import _fields as F
+from tdfunc import is_tensorclass, tensorclass
 from tdfunc.testing import assert_close
 
 

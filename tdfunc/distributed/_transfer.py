@@ -27,9 +27,9 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from . import _dist_errors as E
-from ._dist_placements import encode_placements
-from ._tree import KeyPath, fmt_key
+from . import _errors as E
+from ._placements import encode_placements
+from .._tree import KeyPath, fmt_key
 
 MAGIC = 0x7464665F  # "tdf_"
 VERSION = 1

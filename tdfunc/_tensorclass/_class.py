@@ -21,13 +21,13 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from . import _errors as E
-from . import _ops as ops
-from . import _tensorclass_codegen as G
-from . import _tensorclass_fields as F
-from ._base import TensorTree
-from ._tree import KeyPath, is_node, register
-from .tensordict import TensorDict, _as_path, _repr
+from .. import _errors as E
+from .. import _ops as ops
+from . import _codegen as G
+from . import _fields as F
+from .._base import TensorTree
+from .._tree import KeyPath, is_node, register
+from ..tensordict import TensorDict, _as_path, _repr
 
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform

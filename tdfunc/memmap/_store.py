@@ -60,8 +60,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from . import _memmap_errors as E
-from ._memmap_tensor import (
+from . import _errors as E
+from ._tensor import (
     DTYPES,
     MemoryMappedTensor,
     check_leaf,
@@ -76,7 +76,7 @@ from ._memmap_tensor import (
     write_all,
     write_tensor,
 )
-from ._tree import KeyPath, Node, fmt_key, is_node
+from .._tree import KeyPath, Node, fmt_key, is_node
 
 FORMAT = "tdfunc.memmap"
 VERSION = 1

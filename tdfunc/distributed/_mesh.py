@@ -10,8 +10,8 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from . import _dist_errors as E
-from ._tree import KeyPath, fmt_key, is_node
+from . import _errors as E
+from .._tree import KeyPath, fmt_key, is_node
 
 
 def check_node(node: Any, op: str) -> None:

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import _ops as ops
-from ._tree import Node, is_node
+from .. import _ops as ops
+from .._tree import Node, is_node
 
 # ------------------------------------------------------------------------------ messages
 FROZEN = (
@@ -129,7 +129,7 @@ def classify(cls_name: str, name: str, tp: Any, default_is_none: bool) -> ChildS
     ``tp`` is a resolved annotation. Tensor / node members make a child field; ``None`` in a
     union (or a ``None`` default) makes it optional; any other annotation is static.
     """
-    from .tensordict import TensorDict
+    from ..tensordict import TensorDict
 
     members = _members(tp)
     tensor = False
@@ -202,7 +202,7 @@ def child_value(
         _check_prefix(cls, name, value._batch_size, batch_size)
         return value
     if spec.mapping and isinstance(value, Mapping) and not is_node(value):
-        from .tensordict import TensorDict
+        from ..tensordict import TensorDict
 
         return TensorDict._build(value, batch_size, device, (name,))
     raise TypeError(

@@ -43,11 +43,11 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_tensor
 
-from . import _dist_errors as E
-from . import _dist_plan as plan_mod
-from . import _dist_transfer as wire
-from ._dist_launch import RankError, free_port, launch
-from ._dist_placements import (
+from . import _errors as E
+from . import _plan as plan_mod
+from . import _transfer as wire
+from ._launch import RankError, free_port, launch
+from ._placements import (
     PlacementSpec,
     decode_placement,
     decode_placements,
@@ -56,8 +56,8 @@ from ._dist_placements import (
     normalize,
     resolve,
 )
-from ._dist_tree import check_node, common_mesh, describe_mesh, node_paths, rebuild_batch
-from ._tree import KeyPath, fmt_key, leaves_with_paths, map_leaves
+from ._mesh import check_node, common_mesh, describe_mesh, node_paths, rebuild_batch
+from .._tree import KeyPath, fmt_key, leaves_with_paths, map_leaves
 
 T = TypeVar("T")
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from . import _tensorclass_fields as F
-from .tensordict import _as_size
+from . import _fields as F
+from ..tensordict import _as_size
 
 
 class _MarkerMeta(type):

@@ -75,7 +75,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _memmap_errors as E
+from . import _errors as E
 
 MODES = ("r", "r+", "c")
 

@@ -5,7 +5,7 @@
 * :func:`save` / :func:`load` / :func:`memmap_like`: whole containers as a directory with a
   versioned JSON manifest and one aligned data file; atomic saves; no pickle.
 
-Design decisions (details in ``_memmap_tensor.py`` and ``_memmap_store.py``):
+Design decisions (details in ``_tensor.py`` and ``_store.py``):
 
 Read-only means read-only
     A write into a ``"r"`` leaf by any tensor method raises ``PermissionError`` naming the
@@ -51,8 +51,8 @@ Example:
 
 from __future__ import annotations
 
-from ._memmap_errors import MemmapFormatError
-from ._memmap_store import load, memmap_like, save
-from ._memmap_tensor import MemoryMappedTensor
+from ._errors import MemmapFormatError
+from ._store import load, memmap_like, save
+from ._tensor import MemoryMappedTensor
 
 __all__ = ["MemmapFormatError", "MemoryMappedTensor", "load", "memmap_like", "save"]
