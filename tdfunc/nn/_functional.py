@@ -17,40 +17,18 @@ from torch import Tensor, nn
 
 from .._tree import is_node, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
-
-#: ``functional_call``: a parameter whose shape differs from the module's own tensor.
-SHAPE_MISMATCH = (
-    "functional_call: key {key!r} has shape {got} but the module's tensor has shape {expected}; "
-    "a TensorDict stacked over N modules must be called through torch.vmap"
+from ._errors import (
+    BAD_PARAMS,
+    DUPLICATE_KEY,
+    MISSING_KEYS,
+    SHAPE_MISMATCH,
+    STACK_EMPTY,
+    STACK_KEYS,
+    STACK_SHAPE,
+    STATE_WRITTEN,
+    UNKNOWN_KEYS,
 )
-#: ``functional_call(strict=True)``: keys that name no parameter or buffer of the module.
-UNKNOWN_KEYS = (
-    "functional_call(strict=True): keys {keys} are not parameters or buffers of {module} "
-    "(known names: {known})"
-)
-#: ``functional_call(strict=True)``: module tensors the parameter TensorDict does not provide.
-MISSING_KEYS = (
-    "functional_call(strict=True): keys {keys} of {module} are missing from the parameters; "
-    "pass strict=False to use the module's own tensors for them"
-)
-#: ``functional_call``: parameters of an unsupported kind.
-BAD_PARAMS = (
-    "functional_call: params must be a TensorDict, a tensorclass, a (nested) mapping of tensors "
-    "or a tuple of those, got {typ}"
-)
-#: ``functional_call``: the same name given twice (tuple of parameter containers).
-DUPLICATE_KEY = "functional_call: key {key!r} is given by more than one parameter container"
-#: ``stack_modules``: nothing to stack.
-STACK_EMPTY = "stack_modules needs at least one module, got an empty sequence"
-#: ``stack_modules``: two modules do not have the same parameter names.
-STACK_KEYS = (
-    "stack_modules: module {index} differs from module 0 in its parameters/buffers: "
-    "first differing key {key!r} (module 0 has {expected}, module {index} has {got})"
-)
-#: ``stack_modules``: two modules have a tensor of different shape or dtype under one name.
-STACK_SHAPE = (
-    "stack_modules: module {index} differs from module 0 at key {key!r}: {what} {got} != {expected}"
-)
+from ._state import call_tracking_writes
 
 
 # --------------------------------------------------------------------------------------
@@ -132,13 +110,15 @@ def _module_tensor(module: nn.Module, name: str) -> Tensor | None:
 class _Matched:
     """What walking ``params`` against a module found (one per call)."""
 
-    __slots__ = ("out", "unknown", "tied")
+    __slots__ = ("out", "unknown", "tied", "alias")
 
     def __init__(self, tie_weights: bool) -> None:
         self.out: dict[str, Tensor] = {}
         self.unknown: list[str] = []
         # id of a module tensor -> first name given for it (only when tying weights)
         self.tied: dict[int, str] | None = {} if tie_weights else None
+        # a second name of a tied tensor -> the first name (whose tensor the module uses)
+        self.alias: dict[str, str] = {}
 
     def add(self, name: str, v: Tensor, ref: Tensor | None) -> None:
         if ref is None:
@@ -150,7 +130,9 @@ class _Matched:
             )
         if self.tied is not None:
             # a second name of a tied tensor: torch.func fills it from the first one
-            if id(ref) in self.tied:
+            first = self.tied.get(id(ref))
+            if first is not None:
+                self.alias[name] = first
                 return
             self.tied[id(ref)] = name
         self.out[name] = v
@@ -218,18 +200,62 @@ def _match(params: Any, module: nn.Module, m: _Matched) -> None:
         raise TypeError(BAD_PARAMS.format(typ=type(params).__name__))
 
 
+def _new_leaf(name: str, leaf: Tensor, written: dict[str, Tensor], alias: dict[str, str]) -> Tensor:
+    return written.get(alias.get(name, name), leaf)
+
+
+def _new_state(state: Any, prefix: str, written: dict[str, Tensor], alias: dict[str, str]) -> Any:
+    """``state`` with the written leaves replaced (the same object when none is)."""
+    if is_node(state):
+        pairs = leaves_with_paths(state)
+        new = [_new_leaf(prefix + ".".join(p), t, written, alias) for p, t in pairs]
+        if all(a is b for a, b in zip(new, (t for _, t in pairs))):
+            return state
+        return map_leaves(state, new)
+    if isinstance(state, Mapping):
+        items: dict[str, Any] = {}
+        for k, v in state.items():
+            if isinstance(v, Tensor):
+                items[k] = _new_leaf(prefix + k, v, written, alias)
+            else:
+                items[k] = _new_state(v, prefix + k + ".", written, alias)
+        if all(items[k] is v for k, v in state.items()):
+            return state
+        return type(state)(items)
+    parts = [_new_state(p, prefix, written, alias) for p in state]
+    if all(a is b for a, b in zip(parts, state)):
+        return state
+    return type(state)(parts)
+
+
+def _raise_written(module: nn.Module, key: str) -> None:
+    *path, name = key.split(".")
+    owner = module.get_submodule(".".join(path))
+    kind = "parameter" if name in owner._parameters else "buffer"
+    raise PermissionError(
+        STATE_WRITTEN.format(
+            module=repr(".".join(path)) if path else "(the root module)",
+            cls=type(owner).__name__,
+            kind=kind,
+            name=name,
+            key=key,
+        )
+    )
+
+
 def functional_call(
     module: nn.Module,
-    params: Any,
+    state: Any,
     args: Any = (),
     kwargs: dict[str, Any] | None = None,
     *,
     strict: bool = False,
     tie_weights: bool = True,
+    return_state: bool = False,
 ) -> Any:
-    """Call ``module`` with the tensors of ``params`` in place of its own.
+    """Call ``module`` with the tensors of ``state`` in place of its own; never write them.
 
-    ``params`` is a TensorDict (as built by :func:`from_module`, or one member of
+    ``state`` is a TensorDict (as built by :func:`from_module`, or one member of
     :func:`stack_modules` under ``torch.vmap``), a tensorclass, a mapping of tensors (nested, or
     flat with dotted names as in ``state_dict()``), or a tuple of those (e.g.
     ``(params, buffers)``). Key paths joined by ``"."`` name the module's parameters and buffers.
@@ -237,37 +263,63 @@ def functional_call(
     is left as it was: this runs on :func:`torch.func.functional_call` and works under
     ``torch.vmap``, ``torch.func.grad`` and ``torch.compile(fullgraph=True)``.
 
+    **The tensors of** ``state`` **are never written**, whatever the module does: it runs on
+    copy-on-write clones of them (nothing is copied unless it writes). Modules that update
+    their state while they run (batch norm in training mode updates its running statistics,
+    counters, moving averages, caches) do it on the clones, and
+
+    * ``return_state=True`` returns ``(output, new_state)``: ``new_state`` has the structure
+      and type of ``state``; each leaf the module wrote in place or reassigned is a new tensor
+      holding the new value, every other leaf is the very same tensor object as in ``state``
+      (``state`` itself when nothing was written). Tied names get the same new tensor.
+    * ``return_state=False`` (the default) raises ``PermissionError`` naming the module and the
+      tensor if the module writes one of the given tensors: the new value would otherwise be
+      lost silently. Modules that write nothing (any module in eval mode, most models) are
+      unaffected.
+
+    Writes are recognised as torch calls: in-place methods and operators (``add_``,
+    ``x += 1``, ``x[i] = v``, ``x.data = v``, also through views of ``x``), ``out=`` arguments,
+    ``inplace=True`` activations, the running statistics of batch/instance norm in training,
+    and reassigned attributes (``self.count = self.count + 1``). Writes through other aliases
+    (e.g. a raw ``data_ptr``) never reach ``state`` either, but are not reported. Tensors not
+    in ``state`` (``strict=False``) are the module's own and are updated as in PyTorch.
+
     Args:
         module: the module to call.
-        params: the tensors to use.
+        state: the tensors to use (parameters and/or buffers).
         args: positional arguments of ``module`` (a single non-tuple value is one argument).
         kwargs: keyword arguments of ``module``.
-        strict: when False, names absent from ``params`` use the module's own tensors and names
+        strict: when False, names absent from ``state`` use the module's own tensors and names
             the module does not have are ignored. When True, both raise ``KeyError`` (missing
             means a parameter or persistent buffer, i.e. a ``state_dict()`` name).
         tie_weights: tensors tied in the module stay tied: the value given under the first of
             their names is used for all of them (see ``torch.func.functional_call``).
+        return_state: return ``(output, new_state)`` instead of the output alone.
 
     Returns:
-        Whatever ``module`` returns.
+        Whatever ``module`` returns, or ``(output, new_state)`` when ``return_state=True``.
 
     Raises:
         ValueError: a tensor's shape differs from the module's (the message names the key and
             both shapes).
         KeyError: ``strict=True`` and keys are unknown or missing (the message lists them).
+        PermissionError: ``return_state=False`` and the module wrote one of the given tensors.
 
     Example:
         >>> import torch, tdfunc
-        >>> net = torch.nn.Linear(3, 2)
-        >>> params = tdfunc.nn.from_module(net)
-        >>> zero = params * 0
-        >>> tdfunc.nn.functional_call(net, zero, (torch.ones(1, 3),)).abs().sum().item()
-        0.0
-        >>> net(torch.ones(1, 3)).abs().sum().item() > 0  # the module itself is unchanged
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)).train()
+        >>> state = tdfunc.nn.from_module(net)
+        >>> y, new = tdfunc.nn.functional_call(net, state, (torch.randn(8, 3),), return_state=True)
+        >>> new["1", "num_batches_tracked"].item(), state["1", "num_batches_tracked"].item()
+        (1, 0)
+        >>> new["0", "weight"] is state["0", "weight"]  # parameters are not copied
         True
+        >>> zero = tdfunc.nn.functional_call(net.eval(), state * 0, (torch.ones(1, 3),))
+        >>> zero.abs().sum().item()
+        0.0
     """
     matched = _Matched(tie_weights)
-    _match(params, module, matched)
+    _match(state, module, matched)
     flat, unknown = matched.out, matched.unknown
     if strict:
         name = type(module).__name__
@@ -280,7 +332,14 @@ def functional_call(
         missing = [k for k in own if k in persistent and k not in flat and k not in tied_given]
         if missing:
             raise KeyError(MISSING_KEYS.format(keys=missing, module=name))
-    return torch.func.functional_call(module, flat, args, kwargs, tie_weights=tie_weights)
+    out, written = call_tracking_writes(module, flat, args, kwargs, tie_weights)
+    if not return_state:
+        if written:
+            _raise_written(module, next(iter(written)))
+        return out
+    if not written:
+        return out, state
+    return out, _new_state(state, "", written, matched.alias)
 
 
 # --------------------------------------------------------------------------------------

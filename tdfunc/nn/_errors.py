@@ -1,0 +1,45 @@
+"""Error message templates of ``tdfunc.nn``, kept in one place so tests can assert on them."""
+
+#: ``functional_call``: a parameter whose shape differs from the module's own tensor.
+SHAPE_MISMATCH = (
+    "functional_call: key {key!r} has shape {got} but the module's tensor has shape {expected}; "
+    "a TensorDict stacked over N modules must be called through torch.vmap"
+)
+#: ``functional_call(strict=True)``: keys that name no parameter or buffer of the module.
+UNKNOWN_KEYS = (
+    "functional_call(strict=True): keys {keys} are not parameters or buffers of {module} "
+    "(known names: {known})"
+)
+#: ``functional_call(strict=True)``: module tensors the parameter TensorDict does not provide.
+MISSING_KEYS = (
+    "functional_call(strict=True): keys {keys} of {module} are missing from the parameters; "
+    "pass strict=False to use the module's own tensors for them"
+)
+#: ``functional_call``: parameters of an unsupported kind.
+BAD_PARAMS = (
+    "functional_call: params must be a TensorDict, a tensorclass, a (nested) mapping of tensors "
+    "or a tuple of those, got {typ}"
+)
+#: ``functional_call``: the same name given twice (tuple of parameter containers).
+DUPLICATE_KEY = "functional_call: key {key!r} is given by more than one parameter container"
+#: ``stack_modules``: nothing to stack.
+STACK_EMPTY = "stack_modules needs at least one module, got an empty sequence"
+#: ``stack_modules``: two modules do not have the same parameter names.
+STACK_KEYS = (
+    "stack_modules: module {index} differs from module 0 in its parameters/buffers: "
+    "first differing key {key!r} (module 0 has {expected}, module {index} has {got})"
+)
+#: ``stack_modules``: two modules have a tensor of different shape or dtype under one name.
+STACK_SHAPE = (
+    "stack_modules: module {index} differs from module 0 at key {key!r}: {what} {got} != {expected}"
+)
+
+
+#: ``functional_call(return_state=False)``: the module wrote one of the given tensors.
+STATE_WRITTEN = (
+    "functional_call: module {module} ({cls}) writes the {kind} {name!r} (key {key!r}) while it "
+    "runs, but the given state is never modified and return_state=False would lose the new "
+    "value; pass return_state=True to get (output, new_state), put the module in eval mode "
+    "(module.eval(): batch norm then stops updating its running statistics), or leave {key!r} "
+    "out of the state so that the module updates its own tensor"
+)

@@ -1,0 +1,226 @@
+"""Which of the tensors handed to a module did the module write?
+
+:func:`call_tracking_writes` runs a module on *copy-on-write* clones of the given tensors (so
+the caller's tensors are never written, whatever the module does) and reports which clones
+the module wrote. A write is found in two ways, both plain Python that ``torch.compile``
+traces into the graph with no break (the tracking costs nothing at run time there):
+
+* the module rebinds an attribute (``self.count = self.count + 1``): ``torch.func``'s
+  reparametrisation hands the new tensor back in the dict of tensors it was given;
+* the module writes a tensor in place: a :class:`~torch.overrides.TorchFunctionMode` sees
+  every torch call made during the call and marks the clones (or views of them) that the call
+  writes: an in-place method or function (``add_``, ``x += 1``, ``x[i] = v``, ``.data = v``),
+  an ``out=`` argument, an ``inplace=True`` activation or dropout, and the running statistics
+  of the batch/instance norm functions in training mode.
+
+Why not the tensors' version counters: under ``torch.compile`` a version is an unbacked
+symbolic integer, so "has it changed" is a data-dependent branch (a graph break), while the
+torch calls themselves are known when tracing. One rule, the same eagerly and compiled.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode, get_overridable_functions
+
+#: in-place dunder methods (``x += y`` calls ``__iadd__``; ``x[i] = v`` calls ``__setitem__``)
+_INPLACE_DUNDERS = (
+    "__iadd__",
+    "__isub__",
+    "__imul__",
+    "__itruediv__",
+    "__ifloordiv__",
+    "__imod__",
+    "__ipow__",
+    "__iand__",
+    "__ior__",
+    "__ixor__",
+    "__ilshift__",
+    "__irshift__",
+    "__imatmul__",
+    "__setitem__",
+)
+
+#: functions whose result shares memory with their first argument: a write to the result is a
+#: write to the argument.
+_VIEW_NAMES = (
+    "__getitem__",
+    "view",
+    "view_as",
+    "reshape",
+    "reshape_as",
+    "select",
+    "narrow",
+    "t",
+    "transpose",
+    "swapaxes",
+    "swapdims",
+    "permute",
+    "movedim",
+    "expand",
+    "expand_as",
+    "squeeze",
+    "unsqueeze",
+    "flatten",
+    "unflatten",
+    "diagonal",
+    "as_strided",
+    "detach",
+    "unfold",
+    "view_as_real",
+    "view_as_complex",
+    "split",
+    "chunk",
+    "unbind",
+    "tensor_split",
+)
+
+# Write rules, by function: what the call writes.
+_FIRST = 0  # the first argument (``self`` of a method)
+_INPLACE_FLAG = 1  # the first argument when the ``inplace`` flag (position p) is true
+_NORM_STATS = 2  # running mean / var (positions a, b) when the flag (position p) is true
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _build_rules() -> tuple[dict[Any, tuple[Any, ...]], frozenset[Any]]:
+    """The write rules and the view functions, computed once from torch's own function lists."""
+    rules: dict[Any, tuple[Any, ...]] = {}
+    views: set[Any] = set()
+    for fns in get_overridable_functions().values():
+        for fn in fns:
+            name = getattr(fn, "__name__", "")
+            if (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS:
+                rules[fn] = (_FIRST,)
+            elif name in _VIEW_NAMES:
+                views.add(fn)
+    # ``t.data = v`` replaces the data of ``t``; ``t.data`` is an alias of ``t``
+    rules[torch.Tensor.data.__set__] = (_FIRST,)
+    views.add(torch.Tensor.data.__get__)
+    for fn in get_overridable_functions()[F]:
+        sig = _signature(fn)
+        if sig is not None and "inplace" in sig.parameters:
+            rules[fn] = (_INPLACE_FLAG, list(sig.parameters).index("inplace"), "inplace", False)
+    # running statistics: (rule, mean position, var position, flag position, flag name, default)
+    rules[F.batch_norm] = (_NORM_STATS, 1, 2, 5, "training", False)
+    rules[F.instance_norm] = (_NORM_STATS, 1, 2, 5, "use_input_stats", True)
+    for name in (
+        "batch_norm",
+        "native_batch_norm",
+        "_native_batch_norm_legit",
+        "cudnn_batch_norm",
+        "miopen_batch_norm",
+    ):
+        fn = getattr(torch, name, None)
+        if fn is not None:
+            rules[fn] = (_NORM_STATS, 3, 4, 5, "training", False)
+    rules[torch.instance_norm] = (_NORM_STATS, 3, 4, 5, "use_input_stats", True)
+    return rules, frozenset(views)
+
+
+_RULES, _VIEWS = _build_rules()
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str, default: Any) -> Any:
+    if len(args) > pos:
+        return args[pos]
+    return kwargs.get(name, default)
+
+
+class _WriteTracker(TorchFunctionMode):
+    """Marks which of ``tracked`` (or views of them) the torch calls made under it write."""
+
+    def __init__(self, tracked: list[Tensor]) -> None:
+        super().__init__()
+        # tensors to watch (the clones, then views of them) and the clone each one belongs to
+        self.watched: list[Tensor] = list(tracked)
+        self.owner: list[int] = list(range(len(tracked)))
+        self.written: list[bool] = [False] * len(tracked)
+
+    def _mark(self, t: Any) -> None:
+        for u, i in zip(self.watched, self.owner):
+            if t is u:
+                self.written[i] = True
+
+    def _alias(self, base: Any, out: Any) -> None:
+        for u, i in zip(self.watched, self.owner):
+            if base is u:
+                for o in out if isinstance(out, (tuple, list)) else (out,):
+                    self.watched.append(o)
+                    self.owner.append(i)
+                return
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        rule = _RULES.get(func)
+        if rule is not None:
+            kind = rule[0]
+            if kind == _FIRST:
+                self._mark(args[0] if args else kwargs.get("input", kwargs.get("self")))
+            elif kind == _INPLACE_FLAG:
+                if _arg(args, kwargs, rule[1], rule[2], rule[3]):
+                    self._mark(args[0] if args else kwargs.get("input"))
+            elif _arg(args, kwargs, rule[3], rule[4], rule[5]):
+                self._mark(_arg(args, kwargs, rule[1], "running_mean", None))
+                self._mark(_arg(args, kwargs, rule[2], "running_var", None))
+        out_arg = kwargs.get("out")
+        if out_arg is not None:
+            for o in out_arg if isinstance(out_arg, (tuple, list)) else (out_arg,):
+                self._mark(o)
+        result = func(*args, **kwargs)
+        if func in _VIEWS and args:
+            self._alias(args[0], result)
+        return result
+
+
+def lazy_clone(t: Tensor) -> Tensor:
+    """A copy-on-write clone: no data is copied until one of the two tensors is written."""
+    return torch.ops.aten._lazy_clone(t)
+
+
+def call_tracking_writes(
+    module: nn.Module,
+    tensors: dict[str, Tensor],
+    args: Any,
+    kwargs: dict[str, Any] | None,
+    tie_weights: bool,
+) -> tuple[Any, dict[str, Tensor]]:
+    """Call ``module`` with copy-on-write clones of ``tensors``; return what it wrote.
+
+    Returns:
+        ``(output, written)``: the module's output and, for each name whose tensor the module
+        wrote in place or rebound, the tensor holding the new value (in call order). The
+        tensors of ``tensors`` are never written.
+    """
+    clones = [lazy_clone(t) for t in tensors.values()]
+    given = dict(zip(tensors, clones))
+    tracker = _WriteTracker(clones)
+    with tracker:
+        out = torch.func.functional_call(module, given, args, kwargs, tie_weights=tie_weights)
+    written: dict[str, Tensor] = {}
+    # ``given`` now holds what the module rebound (torch.func writes it back there)
+    for (name, now), clone, hit in zip(given.items(), clones, tracker.written):
+        if hit or now is not clone:
+            written[name] = now
+    return out, written
+
+
+__all__ = ["call_tracking_writes", "lazy_clone"]
