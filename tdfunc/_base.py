@@ -13,8 +13,10 @@ import torch
 from torch import Tensor
 
 from . import _errors as E
+from . import _keys
 from . import _ops as ops
-from ._tree import KeyPath, Node, leaves
+from ._keys import ABSENT, Key, as_path, get_path, is_key
+from ._tree import KeyPath, Node, leaves, shallow_copy
 
 T = TypeVar("T", bound="TensorTree")
 
@@ -101,9 +103,7 @@ class TensorTree(Node):
         )
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if isinstance(key, str) or (
-            isinstance(key, tuple) and key and all(isinstance(k, str) for k in key)
-        ):
+        if is_key(key):
             hint = f"td = td.set({key!r}, value)"
         else:
             hint = "td = td.at[index].set(value)"
@@ -119,6 +119,66 @@ class TensorTree(Node):
         )
 
     __hash__ = object.__hash__
+
+    # ---------------------------------------------------------------- keys
+    def get(self, key: Key, default: Any = None) -> Any:
+        """The value at ``key`` (a string or a tuple path), or ``default`` when missing.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(n={"b": torch.ones(2)}, batch_size=[2])
+            >>> td.get(("n", "b")).shape, td.get("zz", 0)
+            (torch.Size([2]), 0)
+        """
+        return get_path(self, as_path(key), default)
+
+    def __contains__(self, key: object) -> bool:
+        return get_path(self, as_path(key), ABSENT) is not ABSENT
+
+    def select(self: T, *keys: Key, strict: bool = True) -> T:
+        """A new container with only ``keys`` (strings or tuple paths).
+
+        ``KeyError`` for a missing key when ``strict``; a tensorclass cannot lose fields, so
+        selecting part of one is a ``TypeError``.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(1), b=torch.ones(1))
+            >>> td.select("b").keys()
+            ['b']
+        """
+        return _keys.select(self, [as_path(k) for k in keys], strict)
+
+    def exclude(self: T, *keys: Key) -> T:
+        """A new container without ``keys`` (missing keys are ignored).
+
+        A tensorclass cannot lose a field: excluding one is a ``TypeError``.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(1), b=torch.ones(1))
+            >>> td.exclude("a").keys()
+            ['b']
+        """
+        return _keys.exclude(self, [as_path(k) for k in keys])
+
+    def rename_key(self: T, old: Key, new: Key, *, overwrite: bool = False) -> T:
+        """A new container with the entry at ``old`` moved to ``new``.
+
+        ``KeyError`` if ``old`` is missing, or if ``new`` already exists and ``overwrite`` is
+        false (a rename never drops a value silently). With ``overwrite=True`` the value at
+        ``new`` is replaced. Within one parent the entry keeps its position. Moving a field out
+        of a tensorclass is a ``TypeError`` (its fields are fixed).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(1), b=torch.ones(1))
+            >>> td.rename_key("a", "c").keys()
+            ['c', 'b']
+            >>> td.rename_key("a", "b", overwrite=True)["b"].tolist()
+            [0.0]
+        """
+        return _keys.rename_key(self, as_path(old), as_path(new), overwrite)
 
     # ---------------------------------------------------------------- indexing
     @property
@@ -221,7 +281,7 @@ class TensorTree(Node):
 
     def copy(self: T) -> T:
         """A shallow copy: a new container sharing the same leaves."""
-        return _shallow_copy(self)
+        return shallow_copy(self)
 
     def leaves(self) -> list[Tensor]:
         """All tensor leaves, depth first."""
@@ -367,12 +427,6 @@ class TensorTree(Node):
 
 
 _SUPPORTED = (Tensor, int, float, bool, complex)
-
-
-def _shallow_copy(node: Any) -> Any:
-    """New nodes (nested ones too) around the same leaves, in one pass."""
-    children = [_shallow_copy(v) if isinstance(v, Node) else v for v in node._tdf_children()]
-    return node._tdf_rebuild(children, node._batch_size, node._device)
 
 
 def _binop(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:

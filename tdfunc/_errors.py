@@ -1,4 +1,4 @@
-"""Error message templates, kept in one place so tests can assert on them."""
+"""Error message templates and exception types of the core, kept in one place so tests can assert on them."""
 
 MUTATION = "{cls} is immutable: {what} is not allowed. Use the functional form instead: {hint}."
 MISSING_KEY = "key {key!r} not found in {cls} (available keys: {available})"
@@ -16,7 +16,6 @@ BAD_VALUE = (
 )
 BAD_KEY = "keys must be strings or tuples of strings, got {key!r} of type {typ}"
 STRUCTURE = "{what}: structures differ: missing keys {missing}, extra keys {extra}"
-STACK_STRUCTURE = "cannot {op} containers of different structures: {detail}"
 STACK_SHAPE = "cannot {op} containers: element {index} has batch_size {got}, expected {expected}"
 TOO_MANY_INDICES = (
     "too many indices for a container with batch_size {batch_size} ({batch_dims} batch dims): "
@@ -31,3 +30,34 @@ VMAP_DIM = (
     "TensorDict/tensorclass ({batch_dims} batch dims): in_dims for a container must name one of "
     "its batch dims (0 to batch_dims - 1), or be None"
 )
+NOT_A_TENSOR = "{what}: key {key} produced {typ}, not a tensor"
+STRUCTURE_TYPES = (
+    "{what}: containers have the same keys but different node types or static fields: {a} vs {b}"
+)
+RENAME_EXISTS = (
+    "rename_key: the target key {new} already exists; pass overwrite=True to replace its value, "
+    "or exclude it first"
+)
+FIXED_FIELDS = (
+    "{op}: {cls} has the fixed fields {fields}; a key op cannot add or remove a field "
+    "(got {names}). Convert with .to_tensordict() first, or use .replace(...)"
+)
+FLATTEN_COLLISION = (
+    "flatten_keys: the key paths {a} and {b} both become {name!r} with sep={sep!r}; "
+    "rename one of them or use another separator"
+)
+
+
+class StructureError(ValueError):
+    """Two containers that must share a structure (keys, node types, static fields) do not."""
+
+
+class KeysDifferError(StructureError, KeyError):
+    """The key sets differ (also a ``KeyError``: a key is missing on one side)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class NodeTypesDifferError(StructureError, TypeError):
+    """Same keys, but the node types or static fields differ (also a ``TypeError``)."""

@@ -17,13 +17,12 @@ from torch import Tensor
 from . import _errors as E
 from ._tree import (
     KeyPath,
-    describe_difference,
-    fmt_key,
+    check_batch_invariant,
+    check_same_structure,
     is_node,
     leaves,
     leaves_with_paths,
     map_leaves,
-    same_structure,
 )
 
 _is_batched = torch._C._functorch.is_batchedtensor
@@ -77,16 +76,8 @@ def _map_shape(node: Any, fn: Callable[[Tensor], Tensor]) -> Any:
 
 
 def _same_structure(nodes: Sequence[Any], op: str) -> None:
-    ref = nodes[0]
     for n in nodes[1:]:
-        if not same_structure(ref, n):
-            missing, extra = describe_difference(nodes[0], n)
-            detail = (
-                f"missing keys {missing}, extra keys {extra}"
-                if missing or extra
-                else f"types or static fields differ ({type(nodes[0]).__name__} vs {type(n).__name__})"
-            )
-            raise ValueError(E.STACK_STRUCTURE.format(op=op, detail=detail))
+        check_same_structure(nodes[0], n, op)
 
 
 # --------------------------------------------------------------------------------------
@@ -155,7 +146,7 @@ def index_update(node: Any, idx: Any, value: Any, op: str = "set") -> Any:
     parts = normalize_index(idx, node._batch_size)
     ls = leaves(node)
     if is_node(value):
-        _check_same_keys(node, value, "at[...].set")
+        check_same_structure(node, value, "at[...].set")
         vs: Sequence[Any] = leaves(value)
     else:
         value = as_operand(value)
@@ -472,38 +463,6 @@ def chunk(node: Any, chunks: int, dim: int = 0) -> tuple[Any, ...]:
 # --------------------------------------------------------------------------------------
 # transforms
 # --------------------------------------------------------------------------------------
-def _check_same_keys(a: Any, b: Any, what: str) -> None:
-    if not same_structure(a, b):
-        missing, extra = describe_difference(a, b)
-        if not missing and not extra:
-            raise TypeError(
-                f"{what}: containers have the same keys but different types or static fields "
-                f"({type(a).__name__} vs {type(b).__name__})"
-            )
-        raise KeyError(E.STRUCTURE.format(what=what, missing=missing, extra=extra))
-
-
-def validate_leaves(node: Any, new: Sequence[Tensor], batch_size: torch.Size, what: str) -> None:
-    bd = len(batch_size)
-    for x in new:  # fast pass; key paths are only built to report an error
-        if not isinstance(x, Tensor) or (bd and x.shape[:bd] != batch_size):
-            break
-    else:
-        return
-    for (path, _), x in zip(leaves_with_paths(node), new):
-        if not isinstance(x, Tensor):
-            raise TypeError(
-                f"{what}: key {fmt_key(path)} produced {type(x).__name__}, not a tensor"
-            )
-        if x.shape[:bd] != batch_size:
-            raise ValueError(
-                E.LEAF_SHAPE.format(
-                    key=fmt_key(path), shape=tuple(x.shape), batch_size=tuple(batch_size)
-                )
-                + f" (after {what})"
-            )
-
-
 def apply(
     node: Any, fn: Callable[..., Tensor], *others: Any, batch_size: Sequence[int] | None = None
 ) -> Any:
@@ -521,7 +480,7 @@ def apply(
         torch.Size([3])
     """
     for o in others:
-        _check_same_keys(node, o, "apply")
+        check_same_structure(node, o, "apply")
     ls = leaves(node)
     if others:
         cols = [leaves(o) for o in others]
@@ -529,7 +488,7 @@ def apply(
     else:
         out = [fn(x) for x in ls]
     bs = node._batch_size if batch_size is None else torch.Size(batch_size)
-    validate_leaves(node, out, bs, "apply")
+    check_batch_invariant(node, out, bs, "apply")
     return map_leaves(node, out, bs)
 
 
@@ -537,7 +496,7 @@ def named_apply(node: Any, fn: Callable[[KeyPath, Tensor], Tensor]) -> Any:
     """``fn(key_path, leaf)`` on every leaf; ``key_path`` is a tuple of strings."""
     pairs = leaves_with_paths(node)
     out = [fn(p, x) for p, x in pairs]
-    validate_leaves(node, out, node._batch_size, "named_apply")
+    check_batch_invariant(node, out, node._batch_size, "named_apply")
     return map_leaves(node, out)
 
 
@@ -686,7 +645,7 @@ def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
         [3.0, 3.0]
     """
     if is_node(a) and is_node(b):
-        _check_same_keys(a, b, f"{getattr(op, '__name__', op)}")
+        check_same_structure(a, b, f"{getattr(op, '__name__', op)}")
         la, lb = leaves(a), leaves(b)
         f = _FOREACH.get(op)
         if (
@@ -709,12 +668,12 @@ def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
             return map_leaves(a, f(ls, b))
         out = [op(x, b) for x in ls]
         if isinstance(b, Tensor) and b.ndim > 0:
-            validate_leaves(a, out, a._batch_size, getattr(op, "__name__", "op"))
+            check_batch_invariant(a, out, a._batch_size, getattr(op, "__name__", "op"))
         return map_leaves(a, out)
     ls = leaves(b)
     out = [op(a, x) for x in ls]
     if isinstance(a, Tensor) and a.ndim > 0:
-        validate_leaves(b, out, b._batch_size, getattr(op, "__name__", "op"))
+        check_batch_invariant(b, out, b._batch_size, getattr(op, "__name__", "op"))
     return map_leaves(b, out)
 
 
@@ -728,32 +687,20 @@ def elementwise(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str,
     nodes = [a for a in args if is_node(a)]
     ref = nodes[0]
     for n in nodes[1:]:
-        _check_same_keys(ref, n, getattr(func, "__name__", "op"))
+        check_same_structure(ref, n, getattr(func, "__name__", "op"))
     cols = [leaves(a) if is_node(a) else None for a in args]
     n_leaves = len(next(c for c in cols if c is not None))
     out = []
     for i in range(n_leaves):
         call_args = [c[i] if c is not None else a for a, c in zip(args, cols)]
         out.append(func(*call_args, **kwargs))
-    validate_leaves(ref, out, ref._batch_size, getattr(func, "__name__", "op"))
+    check_batch_invariant(ref, out, ref._batch_size, getattr(func, "__name__", "op"))
     return map_leaves(ref, out)
 
 
 # --------------------------------------------------------------------------------------
 # reductions
 # --------------------------------------------------------------------------------------
-def _rebuild_all(node: Any, it: Any, batch_size: torch.Size) -> Any:
-    children = []
-    for v in node._tdf_children():
-        if isinstance(v, Tensor):
-            children.append(next(it))
-        elif v is None:
-            children.append(None)
-        else:
-            children.append(_rebuild_all(v, it, batch_size))
-    return node._tdf_rebuild(children, batch_size, node._device)
-
-
 def _dims_arg(dim: Any, bs: torch.Size) -> tuple[int, ...]:
     dims = dim if isinstance(dim, (tuple, list)) else (dim,)
     out = tuple(sorted({norm_dim(d, len(bs), bs) for d in dims}))
@@ -776,7 +723,7 @@ def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwarg
     ls = leaves(node)
     if dim is None:
         out = [fn(x, **kwargs) for x in ls]
-        return _rebuild_all(node, iter(out), torch.Size(()))
+        return map_leaves(node, out, torch.Size(()), keep_extra=False)
     bs = node._batch_size
     dims = _dims_arg(dim, bs)
     if name == "prod":

@@ -27,6 +27,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
+from . import _errors as E
+
 Key = str | tuple[str, ...]
 KeyPath = tuple[str, ...]
 
@@ -35,25 +37,87 @@ OPTREE_NAMESPACE = "tdfunc"
 
 
 class Node:
-    """Marker base of every node type: TensorDict and tensorclasses (internal protocol)."""
+    """Base of every node type (``TensorDict`` and tensorclasses): the whole node protocol.
+
+    Every function of tdfunc reaches a node's data only through these methods. The first
+    three are required; the others have defaults that fit any node.
+    """
 
     __slots__ = ()
+    _batch_size: torch.Size
+    _device: torch.device | None
 
-    # The protocol. Subclasses implement these.
-    def _tdf_keys(self) -> tuple[str, ...]:  # pragma: no cover - abstract
+    # ---- required
+    def _tdf_keys(self) -> tuple[str, ...]:
+        """Names of the children, in order (``None`` fields included)."""
         raise NotImplementedError
 
-    def _tdf_children(self) -> tuple[Any, ...]:  # pragma: no cover - abstract
+    def _tdf_children(self) -> tuple[Any, ...]:
+        """The children (tensor, node or ``None``), in the order of :meth:`_tdf_keys`."""
         raise NotImplementedError
 
     def _tdf_rebuild(
         self, children: Sequence[Any], batch_size: torch.Size, device: torch.device | None
-    ) -> Any:  # pragma: no cover - abstract
+    ) -> Any:
+        """Trusted: the same type and static fields with new children, batch size and device."""
         raise NotImplementedError
+
+    # ---- with defaults
+    def _tdf_get(self, key: str, default: Any) -> Any:
+        """The child ``key``, or ``default`` when there is none."""
+        for k, v in zip(self._tdf_keys(), self._tdf_children()):
+            if k == key:
+                return v
+        return default
+
+    def _tdf_static(self) -> tuple[tuple[str, Any], ...]:
+        """Static (non-tensor) metadata as hashable ``(name, value)`` pairs; part of the structure."""
+        return ()
+
+    def _tdf_set(self, key: str, value: Any) -> Any:
+        """A new node with the user value ``value`` (converted and checked) at child ``key``."""
+        raise NotImplementedError
+
+    def _tdf_with_items(self, items: Sequence[tuple[str, Any]]) -> Any:
+        """Trusted: a node of the same kind, batch size and device holding exactly ``items``.
+
+        Key ops (``select``, ``exclude``, ``rename_key``) build their results with it. A node
+        with a fixed set of fields refuses a different set of names with ``TypeError``.
+        """
+        raise NotImplementedError
+
+    def _tdf_new_child(self, key: str) -> Any:
+        """The empty node that a path write creates under a missing ``key``."""
+        raise NotImplementedError
+
+    def _tdf_repr(self, indent: int) -> str:
+        """``repr`` at nesting level ``indent``."""
+        pad = "    " * (indent + 1)
+        lines = [f"{type(self).__name__}("]
+        for k, v in zip(self._tdf_keys(), self._tdf_children()):
+            lines.append(f"{pad}{k}: {describe_child(v, indent)},")
+        dev = None if self._device is None else str(self._device)
+        lines.append(f"{pad}batch_size={tuple(self._batch_size)}, device={dev})")
+        return "\n".join(lines)
+
+
+def describe_child(v: Any, indent: int) -> str:
+    """A child in a ``repr``: tensor summary, nested repr or ``repr(v)``."""
+    if isinstance(v, Tensor):
+        return f"Tensor(shape={tuple(v.shape)}, dtype={v.dtype})"
+    if isinstance(v, Node):
+        return v._tdf_repr(indent + 1)
+    return repr(v)
 
 
 def is_node(x: Any) -> bool:
-    """True for a TensorDict or tensorclass instance."""
+    """True for a TensorDict or tensorclass instance.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> tdfunc.is_node(tdfunc.TensorDict(a=torch.zeros(1))), tdfunc.is_node(torch.zeros(1))
+        (True, False)
+    """
     return isinstance(x, Node)
 
 
@@ -78,9 +142,9 @@ def leaves(node: Node) -> list[Tensor]:
 def _collect_paths(node: Node, prefix: KeyPath, out: list[tuple[KeyPath, Tensor]]) -> None:
     for k, v in zip(node._tdf_keys(), node._tdf_children()):
         if isinstance(v, Tensor):
-            out.append((prefix + (k,), v))
+            out.append(((*prefix, k), v))
         elif v is not None:
-            _collect_paths(v, prefix + (k,), out)
+            _collect_paths(v, (*prefix, k), out)
 
 
 def leaves_with_paths(node: Node) -> list[tuple[KeyPath, Tensor]]:
@@ -90,19 +154,27 @@ def leaves_with_paths(node: Node) -> list[tuple[KeyPath, Tensor]]:
     return out
 
 
+def has_leaves(node: Node) -> bool:
+    """True when ``node`` or a node below it holds a tensor."""
+    for v in node._tdf_children():
+        if isinstance(v, Tensor) or (isinstance(v, Node) and has_leaves(v)):
+            return True
+    return False
+
+
 def rebuild(
     node: Node,
-    it: Iterator[Tensor],
+    it: Iterator[Any],
     batch_size: torch.Size,
-    device: torch.device | None = ...,  # type: ignore[assignment]
+    device: torch.device | None,
+    keep_extra: bool = True,
 ) -> Any:
-    """Rebuild ``node``'s structure with new leaves taken from ``it`` (trusted, no checks).
+    """The one rebuild: ``node``'s structure with new leaves taken from ``it`` (trusted).
 
-    ``batch_size`` is the new batch size of ``node``. Nested nodes keep their extra batch
-    dims (those beyond the parent's) and take the parent's new leading dims.
+    ``batch_size`` is the new batch size of ``node``. Nested nodes take the parent's new batch
+    size followed by their own extra dims (those beyond the parent's) when ``keep_extra``;
+    exactly the parent's otherwise (e.g. after a full reduction).
     """
-    if device is ...:
-        device = node._device
     old_bd = len(node._batch_size)
     children = []
     for v in node._tdf_children():
@@ -111,20 +183,80 @@ def rebuild(
         elif v is None:
             children.append(None)
         else:
-            children.append(rebuild(v, it, batch_size + v._batch_size[old_bd:], device))
+            sub = batch_size + v._batch_size[old_bd:] if keep_extra else batch_size
+            children.append(rebuild(v, it, sub, device, keep_extra))
     return node._tdf_rebuild(children, batch_size, device)
 
 
 def map_leaves(
     node: Node,
-    new_leaves: Sequence[Tensor],
+    new_leaves: Sequence[Any],
     batch_size: torch.Size | None = None,
     device: torch.device | None = ...,  # type: ignore[assignment]
+    keep_extra: bool = True,
 ) -> Any:
-    """Same structure as ``node`` with ``new_leaves`` in place of its leaves."""
+    """Same structure as ``node`` with ``new_leaves`` in place of its leaves (trusted)."""
     return rebuild(
-        node, iter(new_leaves), node._batch_size if batch_size is None else batch_size, device
+        node,
+        iter(new_leaves),
+        node._batch_size if batch_size is None else batch_size,
+        node._device if device is ... else device,
+        keep_extra,
     )
+
+
+def shallow_copy(node: Node) -> Any:
+    """New nodes (nested ones too) around the same leaves."""
+    return map_leaves(node, leaves(node))
+
+
+def check_batch_invariant(
+    node: Node, new_leaves: Sequence[Any], batch_size: torch.Size, what: str
+) -> None:
+    """Check that ``map_leaves(node, new_leaves, batch_size)`` would be a valid container.
+
+    Every leaf must be a tensor whose shape starts with the batch size of the node that holds
+    it in the result: ``batch_size`` for the root, ``batch_size`` + the node's extra dims for
+    nested nodes. ``TypeError`` / ``ValueError`` naming the key path otherwise.
+    """
+    bd = len(batch_size)
+    for x in new_leaves:  # fast pass over the root batch size
+        if not isinstance(x, Tensor) or (bd and x.shape[:bd] != batch_size):
+            break
+    else:
+        if not _has_extra_dims(node):
+            return
+    it = iter(new_leaves)
+    _check_node(node, it, batch_size, (), what)
+
+
+def _has_extra_dims(node: Node) -> bool:
+    bd = len(node._batch_size)
+    for v in node._tdf_children():
+        if isinstance(v, Node) and (len(v._batch_size) > bd or _has_extra_dims(v)):
+            return True
+    return False
+
+
+def _check_node(
+    node: Node, it: Iterator[Any], batch_size: torch.Size, prefix: KeyPath, what: str
+) -> None:
+    old_bd, bd = len(node._batch_size), len(batch_size)
+    for k, v in zip(node._tdf_keys(), node._tdf_children()):
+        path = (*prefix, k)
+        if isinstance(v, Tensor):
+            x = next(it)
+            if not isinstance(x, Tensor):
+                raise TypeError(E.NOT_A_TENSOR.format(what=what, key=fmt_key(path), typ=type(x).__name__))
+            if x.shape[:bd] != batch_size:
+                raise ValueError(
+                    E.LEAF_SHAPE.format(
+                        key=fmt_key(path), shape=tuple(x.shape), batch_size=tuple(batch_size)
+                    )
+                    + f" (after {what})"
+                )
+        elif v is not None:
+            _check_node(v, it, batch_size + v._batch_size[old_bd:], path, what)
 
 
 def same_structure(a: Any, b: Any) -> bool:
@@ -137,13 +269,12 @@ def same_structure(a: Any, b: Any) -> bool:
         return True
     if type(a) is not type(b) or a._tdf_keys() != b._tdf_keys():
         return False
-    static = getattr(a, "_tdf_static", None)
-    if static is not None and static() != b._tdf_static():
+    if a._tdf_static() != b._tdf_static():
         return False
     for x, y in zip(a._tdf_children(), b._tdf_children()):
         if isinstance(x, Tensor) and isinstance(y, Tensor):
             continue
-        xn, yn = is_node(x), is_node(y)
+        xn, yn = isinstance(x, Node), isinstance(y, Node)
         if xn or yn:
             if not (xn and yn and same_structure(x, y)):
                 return False
@@ -152,24 +283,42 @@ def same_structure(a: Any, b: Any) -> bool:
     return True
 
 
-def key_set(node: Node, prefix: KeyPath = ()) -> list[KeyPath]:
-    """Every key path (leaves, None fields and nodes) in order."""
-    out: list[KeyPath] = []
-    for k, v in zip(node._tdf_keys(), node._tdf_children()):
-        out.append(prefix + (k,))
-        if is_node(v):
-            out.extend(key_set(v, prefix + (k,)))
-    return out
+def check_same_structure(a: Any, b: Any, what: str) -> None:
+    """The one structure check of every op that combines containers.
 
-
-def describe_difference(a: Any, b: Any) -> tuple[list[Any], list[Any]]:
-    """Missing (in ``b``, present in ``a``) and extra (in ``b``, absent in ``a``) key paths."""
-    ka = key_set(a)
-    kb = key_set(b)
+    Raises :class:`~tdfunc._errors.KeysDifferError` when the key sets differ (naming the
+    missing and extra paths) and :class:`~tdfunc._errors.NodeTypesDifferError` when only
+    node types or static fields differ; both are :class:`~tdfunc._errors.StructureError`
+    (a ``ValueError``).
+    """
+    if same_structure(a, b):
+        return
+    ka, kb = _key_set(a, ()), _key_set(b, ())
     sa, sb = set(ka), set(kb)
     missing = [k[0] if len(k) == 1 else k for k in ka if k not in sb]
     extra = [k[0] if len(k) == 1 else k for k in kb if k not in sa]
-    return missing, extra
+    if missing or extra:
+        raise E.KeysDifferError(E.STRUCTURE.format(what=what, missing=missing, extra=extra))
+    raise E.NodeTypesDifferError(E.STRUCTURE_TYPES.format(what=what, a=_type_tree(a), b=_type_tree(b)))
+
+
+def _key_set(node: Node, prefix: KeyPath) -> list[KeyPath]:
+    out: list[KeyPath] = []
+    for k, v in zip(node._tdf_keys(), node._tdf_children()):
+        out.append((*prefix, k))
+        if isinstance(v, Node):
+            out.extend(_key_set(v, (*prefix, k)))
+    return out
+
+
+def _type_tree(node: Node) -> str:
+    inner = [
+        f"{k}: {_type_tree(v)}" if isinstance(v, Node) else f"{k}: {'None' if v is None else 'leaf'}"
+        for k, v in zip(node._tdf_keys(), node._tdf_children())
+    ]
+    static = node._tdf_static()
+    extra = f", static={dict(static)}" if static else ""
+    return f"{type(node).__name__}({', '.join(inner)}{extra})"
 
 
 def fmt_key(path: KeyPath) -> str:
@@ -191,19 +340,18 @@ def _context(node: Node) -> tuple:
             ndims.append(-1)  # a None field: kept in the structure, not among the children
         elif isinstance(v, Node):
             ndims.append(len(v._batch_size))
-            has_ref = True
+            has_ref = has_ref or has_leaves(v)
         else:
             ndims.append(-2)  # a non-tensor child (e.g. the ints of a vmap in_dims tree)
     dev = node._device
-    static_fn = getattr(node, "_tdf_static", None)
-    # absolute sizes only when no child can carry them (an empty node)
+    # absolute sizes only when no child can carry them (a node without tensor leaves)
     return (
         node._tdf_keys(),
         len(node._batch_size),
         tuple(ndims),
         None if dev is None else str(dev),
         None if has_ref else tuple([int(s) for s in node._batch_size]),
-        () if static_fn is None else static_fn(),
+        node._tdf_static(),
     )
 
 
@@ -217,14 +365,14 @@ _is_batched = torch._C._functorch.is_batchedtensor
 
 
 def _first_tensor(node: Node) -> Tensor | None:
-    """The first tensor leaf of ``node`` (None when its children are not tensors)."""
+    """The first tensor leaf of ``node``, depth first (None when it has none)."""
     for v in node._tdf_children():
         if isinstance(v, Tensor):
             return v
-        if is_node(v):
-            return _first_tensor(v)
-        if v is not None:
-            return None
+        if isinstance(v, Node):
+            t = _first_tensor(v)
+            if t is not None:
+                return t
     return None
 
 
@@ -238,7 +386,10 @@ def _check_vmap_input(leaf: Tensor, batch_dims: int, key: str) -> None:
 def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
     """Batch size of a node rebuilt from ``children`` under context ``ctx``.
 
-    Returns None when the children are not tensors (e.g. pytree ``in_dims`` trees).
+    Taken from the first child that carries tensors: the change of its ndim since flatten
+    tells how many batch dims a transform added or removed. Nodes without tensor leaves
+    carry no information and are skipped. Returns None when the children are not tensors
+    (e.g. pytree ``in_dims`` trees).
     """
     keys, bd, ndims, _dev, empty, _static = ctx
     it = iter(children)
@@ -251,28 +402,47 @@ def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
             if new_bd == bd - 1 and _is_batched(c):
                 _check_vmap_input(c, bd, keys[i])
             return c.shape[: max(new_bd, 0)]
-        if is_node(c):
+        if isinstance(c, Node):
+            first = _first_tensor(c)
+            if first is None:
+                continue  # no leaves: no information about the batch dims
             new_bd = bd + len(c._batch_size) - nd
-            if new_bd == bd - 1:
-                first = _first_tensor(c)
-                if first is not None and _is_batched(first):
-                    _check_vmap_input(first, bd, keys[i])
+            if new_bd == bd - 1 and _is_batched(first):
+                _check_vmap_input(first, bd, keys[i])
             return c._batch_size[: max(new_bd, 0)]
         return None
     return torch.Size(empty if empty is not None else ())
 
 
+def _follow_parent(children: Sequence[Any], ndims: Sequence[int], bd: int, bs: torch.Size) -> list[Any]:
+    """Children that are nodes without tensor leaves take the parent's batch size ``bs``
+    followed by their own extra dims (they cannot tell a transform's batch dims themselves)."""
+    out = list(children)
+    for i, (c, nd) in enumerate(zip(children, ndims)):
+        if isinstance(c, Node) and _first_tensor(c) is None:
+            extra = max(nd - bd, 0)
+            cb = c._batch_size
+            want = bs + cb[len(cb) - extra :] if extra else bs
+            if want != cb:
+                out[i] = map_leaves(c, [], want)
+    return out
+
+
 def unflatten_with(cls_rebuild: Callable[..., Any], children: Sequence[Any], ctx: tuple) -> Any:
     """Shared unflatten: put ``None`` fields back, derive batch size, rebuild."""
-    keys, bd, ndims, dev, empty, static = ctx
+    keys, bd, ndims, dev, _empty, static = ctx
     if -1 in ndims:
         it = iter(children)
         full: Sequence[Any] = [None if nd == -1 else next(it) for nd in ndims]
     else:
         full = children
     bs = derive_batch_size(children, ctx)
+    if bs is None:
+        bs = torch.Size(())
+    elif any(isinstance(c, Node) for c in full):
+        full = _follow_parent(full, ndims, bd, bs)
     device = None if dev is None else torch.device(dev)
-    return cls_rebuild(keys, full, torch.Size(()) if bs is None else bs, device, static)
+    return cls_rebuild(keys, full, bs, device, static)
 
 
 def register(

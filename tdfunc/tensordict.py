@@ -13,9 +13,8 @@ from torch import Tensor
 from . import _errors as E
 from . import _ops as ops
 from ._base import TensorTree
-from ._tree import KeyPath, fmt_key, is_node, register
-
-_MISSING: Any = object()
+from ._keys import MISSING, as_path, fmt_key, get_path, is_key, missing_message, set_path, walk
+from ._tree import KeyPath, is_node, register
 
 KeyLike = str | tuple[str, ...]
 
@@ -28,20 +27,6 @@ def _as_size(batch_size: Any) -> torch.Size:
     if isinstance(batch_size, int):
         return torch.Size((batch_size,))
     return torch.Size(batch_size)
-
-
-def _as_path(key: Any) -> KeyPath:
-    if isinstance(key, str):
-        return (key,)
-    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
-        return key
-    raise TypeError(E.BAD_KEY.format(key=key, typ=type(key).__name__))
-
-
-def _is_key(key: Any) -> bool:
-    return isinstance(key, str) or (
-        isinstance(key, tuple) and len(key) > 0 and all(isinstance(k, str) for k in key)
-    )
 
 
 def _check_prefix(path: KeyPath, shape: torch.Size, batch_size: torch.Size, nested: bool) -> None:
@@ -207,102 +192,59 @@ class TensorDict(TensorTree):
     ) -> TensorDict:
         return TensorDict._new(dict(zip(self._data, children)), batch_size, device)
 
-    def _tdf_get(self, key: str, default: Any = _MISSING) -> Any:
+    def _tdf_get(self, key: str, default: Any) -> Any:
         return self._data.get(key, default)
+
+    def _tdf_set(self, key: str, value: Any) -> TensorDict:
+        data = dict(self._data)
+        data[key] = convert_value((key,), value, self._batch_size, self._device)
+        return TensorDict._new(data, self._batch_size, self._device)
+
+    def _tdf_with_items(self, items: Sequence[tuple[str, Any]]) -> TensorDict:
+        return TensorDict._new(dict(items), self._batch_size, self._device)
+
+    def _tdf_new_child(self, key: str) -> TensorDict:
+        return TensorDict._new({}, self._batch_size, self._device)
 
     # ------------------------------------------------------------------ reading
     def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, str):
-            v = self._data.get(key, _MISSING)
-            if v is _MISSING:
-                raise KeyError(self._missing(key))
+        if isinstance(key, str):  # fast path: one dict lookup
+            v = self._data.get(key, MISSING)
+            if v is MISSING:
+                raise KeyError(missing_message(self, (key,), 0))
             return v
-        if _is_key(key):
-            return self._get_path(key)
+        if is_key(key):
+            return get_path(self, key)
         return ops.index(self, key)
-
-    def _missing(self, key: Any) -> str:
-        return E.MISSING_KEY.format(key=key, cls=type(self).__name__, available=list(self._data))
-
-    def _get_path(self, path: KeyPath, default: Any = _MISSING) -> Any:
-        node: Any = self
-        for i, k in enumerate(path):
-            if type(node) is TensorDict:  # fast path: one dict lookup
-                v = node._data.get(k, _MISSING)
-            elif is_node(node):
-                v = _child(node, k)
-            else:
-                if default is not _MISSING:
-                    return default
-                raise KeyError(
-                    E.NOT_A_NODE.format(key=path[:i], kind=type(node).__name__, rest=path[i:])
-                )
-            if v is _MISSING:
-                if default is not _MISSING:
-                    return default
-                raise KeyError(
-                    E.MISSING_KEY.format(
-                        key=path if len(path) > 1 else k,
-                        cls=type(self).__name__,
-                        available=list(node._tdf_keys()),
-                    )
-                )
-            node = v
-        return node
-
-    def get(self, key: KeyLike, default: Any = None) -> Any:
-        """The value at ``key`` (a string or a tuple path), or ``default`` when missing."""
-        return self._get_path(_as_path(key), default)
-
-    def __contains__(self, key: object) -> bool:
-        if isinstance(key, str):
-            return key in self._data
-        if _is_key(key):
-            return self._get_path(key, _MISSING_SENTINEL) is not _MISSING_SENTINEL  # type: ignore[arg-type]
-        raise TypeError(E.BAD_KEY.format(key=key, typ=type(key).__name__))
-
-    def _walk(
-        self, include_nested: bool, leaves_only: bool, prefix: KeyPath = ()
-    ) -> list[tuple[Any, Any]]:
-        out: list[tuple[Any, Any]] = []
-        for k, v in self._data.items():
-            path = prefix + (k,)
-            key = k if not prefix else path
-            sub = is_node(v)
-            if not (leaves_only and sub):
-                out.append((key, v))
-            if include_nested and sub:
-                out.extend(_walk_node(v, leaves_only, path))
-        return out
 
     def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
         """Keys: strings at the top level, tuples for nested keys when ``include_nested``."""
         if not include_nested and not leaves_only:
             return list(self._data)
-        return [k for k, _ in self._walk(include_nested, leaves_only)]
+        return [k for k, _ in self.items(include_nested, leaves_only)]
 
     def values(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
         """Values in the order of :meth:`keys`."""
         if not include_nested and not leaves_only:
             return list(self._data.values())
-        return [v for _, v in self._walk(include_nested, leaves_only)]
+        return [v for _, v in self.items(include_nested, leaves_only)]
 
     def items(
         self, include_nested: bool = False, leaves_only: bool = False
     ) -> list[tuple[Any, Any]]:
-        """``(key, value)`` pairs in the order of :meth:`keys`."""
+        """``(key, value)`` pairs in the order of :meth:`keys`: strings at the top level,
+        tuples below it."""
         if not include_nested and not leaves_only:
             return list(self._data.items())
-        return self._walk(include_nested, leaves_only)
+        pairs = walk(self, leaves_only=leaves_only, include_nested=include_nested)
+        return [(p[0] if len(p) == 1 else p, v) for p, v in pairs]
 
     # ------------------------------------------------------------------ functional updates
     def set(self, key: KeyLike, value: Any) -> TensorDict:
         """A new TensorDict with ``value`` at ``key`` (tuple keys create nested levels)."""
         if isinstance(key, str):  # fast path: one top-level key
-            data = dict(self._data)
-            data[key] = convert_value((key,), value, self._batch_size, self._device)
-            return TensorDict._new(data, self._batch_size, self._device)
-        return _set_path(self, _as_path(key), value)
+            return self._tdf_set(key, value)
+        return set_path(self, as_path(key), value)
 
     def update(
         self, other: Mapping[str, Any] | TensorDict | None = None, /, **kwargs: Any
@@ -339,12 +281,11 @@ class TensorDict(TensorTree):
                 data[k] = v if i < trusted else convert_value((k,), v, bs, dev)
                 continue
             out = TensorDict._new(data, bs, dev)
-            path = _as_path(k)
-            cur = out._get_path(path, None)
+            path = as_path(k)
+            cur = get_path(out, path, None)
             if isinstance(cur, TensorDict) and isinstance(v, (Mapping, TensorDict)):
-                out = _set_path(out, path, cur.update(v))
-            else:
-                out = _set_path(out, path, v)
+                v = cur.update(v)
+            out = set_path(out, path, v)
             data = dict(out._data)
         return TensorDict._new(data, bs, dev)
 
@@ -353,76 +294,45 @@ class TensorDict(TensorTree):
         data = dict(self._data)
         for k, v in kwargs.items():
             if k not in data:
-                raise KeyError(self._missing(k) + "; use td.set(key, value) to add a key")
+                raise KeyError(
+                    missing_message(self, (k,), 0) + "; use td.set(key, value) to add a key"
+                )
             data[k] = convert_value((k,), v, self._batch_size, self._device)
         return TensorDict._new(data, self._batch_size, self._device)
 
-    def select(self, *keys: KeyLike, strict: bool = True) -> TensorDict:
-        """A new TensorDict with only ``keys`` (strings or tuple paths)."""
-        out: dict[str, Any] = {}
-        nested: dict[str, list[KeyPath]] = {}
-        for key in keys:
-            path = _as_path(key)
-            v = self._data.get(path[0], _MISSING)
-            if v is _MISSING:
-                if strict:
-                    raise KeyError(self._missing(path[0]))
-                continue
-            if len(path) == 1:
-                out[path[0]] = v
-            else:
-                nested.setdefault(path[0], []).append(path[1:])
-        for k, subs in nested.items():
-            if k in out:
-                continue
-            child = self._data[k]
-            if not isinstance(child, TensorDict):
-                raise KeyError(
-                    E.NOT_A_NODE.format(key=(k,), kind=type(child).__name__, rest=subs[0])
-                )
-            out[k] = child.select(*subs, strict=strict)
-        ordered = {k: out[k] for k in self._data if k in out}
-        return TensorDict._new(ordered, self._batch_size, self._device)
-
-    def exclude(self, *keys: KeyLike) -> TensorDict:
-        """A new TensorDict without ``keys`` (missing keys are ignored)."""
-        top = set()
-        nested: dict[str, list[KeyPath]] = {}
-        for key in keys:
-            path = _as_path(key)
-            if len(path) == 1:
-                top.add(path[0])
-            else:
-                nested.setdefault(path[0], []).append(path[1:])
-        data = {}
-        for k, v in self._data.items():
-            if k in top:
-                continue
-            if k in nested and isinstance(v, TensorDict):
-                v = v.exclude(*nested[k])
-            data[k] = v
-        return TensorDict._new(data, self._batch_size, self._device)
-
-    def rename_key(self, old: KeyLike, new: KeyLike) -> TensorDict:
-        """A new TensorDict with ``old`` renamed to ``new`` (``KeyError`` if ``old`` is missing)."""
-        old_p, new_p = _as_path(old), _as_path(new)
-        value = self._get_path(old_p)
-        if len(old_p) == 1 and len(new_p) == 1:
-            data = {(new_p[0] if k == old_p[0] else k): v for k, v in self._data.items()}
-            return TensorDict._new(data, self._batch_size, self._device)
-        return self.exclude(old_p).set(new_p, value)
-
     def flatten_keys(self, sep: str = ".") -> TensorDict:
-        """Nested TensorDicts become flat keys joined by ``sep`` (``("a", "b")`` -> ``"a.b"``)."""
+        """Nested TensorDicts become flat keys joined by ``sep`` (``("a", "b")`` -> ``"a.b"``).
+
+        Tensorclass values are kept whole. Two paths that give the same flat name (``"a.b"``
+        next to ``("a", "b")``) raise ``ValueError`` naming both: no value is dropped.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a={"b": torch.zeros(1)}, c=torch.ones(1))
+            >>> td.flatten_keys().keys()
+            ['a.b', 'c']
+        """
         data: dict[str, Any] = {}
-        _flatten_into(self, "", sep, data)
+        origin: dict[str, KeyPath] = {}
+        _flatten_into(self, (), sep, data, origin)
         return TensorDict._new(data, self._batch_size, self._device)
 
     def unflatten_keys(self, sep: str = ".") -> TensorDict:
-        """Inverse of :meth:`flatten_keys`: ``"a.b"`` -> ``("a", "b")``."""
+        """Split flat keys at ``sep`` into nested TensorDicts: ``"a.b"`` -> ``("a", "b")``.
+
+        The inverse of :meth:`flatten_keys` for keys and values. Nested levels are created
+        with this TensorDict's batch size: extra batch dims that nested nodes had before
+        ``flatten_keys`` are not recorded in flat keys, so they are not restored.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict({"a.b": torch.zeros(1)})
+            >>> td.unflatten_keys()["a", "b"].shape
+            torch.Size([1])
+        """
         out = TensorDict._new({}, self._batch_size, self._device)
         for k, v in self._data.items():
-            out = _set_path(out, tuple(k.split(sep)), v)
+            out = set_path(out, tuple(k.split(sep)), v)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -443,7 +353,7 @@ class TensorDict(TensorTree):
 
     # ------------------------------------------------------------------ repr
     def __repr__(self) -> str:
-        return _repr(self, 0)
+        return self._tdf_repr(0)
 
 
 def _rebuild_tensordict(
@@ -451,33 +361,6 @@ def _rebuild_tensordict(
 ) -> TensorDict:
     """Unpickling entry point (allow-listed for ``torch.load(weights_only=True)``)."""
     return TensorDict._new(dict(data), torch.Size(batch_size), device)
-
-
-_MISSING_SENTINEL: Any = object()
-
-
-def _child(node: Any, key: str) -> Any:
-    get = getattr(node, "_tdf_get", None)
-    if get is not None:
-        return get(key, _MISSING)
-    for k, v in zip(node._tdf_keys(), node._tdf_children()):
-        if k == key:
-            return v
-    return _MISSING
-
-
-def _walk_node(node: Any, leaves_only: bool, prefix: KeyPath) -> list[tuple[Any, Any]]:
-    out: list[tuple[Any, Any]] = []
-    for k, v in zip(node._tdf_keys(), node._tdf_children()):
-        if v is None:
-            continue
-        path = prefix + (k,)
-        sub = is_node(v)
-        if not (leaves_only and sub):
-            out.append((path, v))
-        if sub:
-            out.extend(_walk_node(v, leaves_only, path))
-    return out
 
 
 def _first_leaf(d: Any) -> Tensor | None:
@@ -496,55 +379,23 @@ def _first_leaf(d: Any) -> Tensor | None:
     return None
 
 
-def _set_path(td: Any, path: KeyPath, value: Any) -> Any:
-    k = path[0]
-    if len(path) == 1:
-        v = convert_value(path, value, td._batch_size, td._device)
-        if isinstance(td, TensorDict):
-            data = dict(td._data)
-            data[k] = v
-            return TensorDict._new(data, td._batch_size, td._device)
-        return td.set(k, v)
-    child = _child(td, k)
-    if child is _MISSING:
-        child = TensorDict._new({}, td._batch_size, td._device)
-    elif not is_node(child):
-        raise TypeError(E.NOT_A_NODE.format(key=(k,), kind=type(child).__name__, rest=path[1:]))
-    if isinstance(child, TensorDict):
-        new_child = _set_path(child, path[1:], value)
-    else:
-        new_child = child.set(path[1:] if len(path) > 2 else path[1], value)
-    if isinstance(td, TensorDict):
-        data = dict(td._data)
-        data[k] = new_child
-        return TensorDict._new(data, td._batch_size, td._device)
-    return td.set(k, new_child)
-
-
-def _flatten_into(td: TensorDict, prefix: str, sep: str, out: dict[str, Any]) -> None:
-    for k, v in td._data.items():
-        name = prefix + k
+def _flatten_into(
+    node: TensorDict, prefix: KeyPath, sep: str, out: dict[str, Any], origin: dict[str, KeyPath]
+) -> None:
+    for k, v in node._data.items():
+        path = (*prefix, k)
         if isinstance(v, TensorDict):
-            _flatten_into(v, name + sep, sep, out)
-        else:
-            out[name] = v
-
-
-def _repr(node: Any, indent: int) -> str:
-    pad = "    " * (indent + 1)
-    lines = [f"{type(node).__name__}("]
-    for k, v in zip(node._tdf_keys(), node._tdf_children()):
-        if isinstance(v, Tensor):
-            desc = f"Tensor(shape={tuple(v.shape)}, dtype={v.dtype})"
-        elif is_node(v):
-            own = getattr(v, "_tdf_repr", None)  # tensorclasses also show their static fields
-            desc = _repr(v, indent + 1) if own is None else own(indent + 1)
-        else:
-            desc = repr(v)
-        lines.append(f"{pad}{k}: {desc},")
-    dev = None if node._device is None else str(node._device)
-    lines.append(f"{pad}batch_size={tuple(node._batch_size)}, device={dev})")
-    return "\n".join(lines)
+            _flatten_into(v, path, sep, out, origin)
+            continue
+        name = sep.join(path)
+        if name in out:
+            raise ValueError(
+                E.FLATTEN_COLLISION.format(
+                    a=fmt_key(origin[name]), b=fmt_key(path), name=name, sep=sep
+                )
+            )
+        out[name] = v
+        origin[name] = path
 
 
 def _from_context(

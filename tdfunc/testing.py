@@ -64,8 +64,8 @@ def assert_close(
         raise AssertionError(
             f"at {where}: keys differ: missing {missing}, extra {extra} (order {ka} vs {kb})"
         )
-    sa = getattr(actual, "_tdf_static", lambda: ())()
-    sb = getattr(expected, "_tdf_static", lambda: ())()
+    sa = actual._tdf_static()
+    sb = expected._tdf_static()
     if sa != sb:
         raise AssertionError(f"at {where}: static fields differ: {sa} != {sb}")
     for k, x, y in zip(ka, actual._tdf_children(), expected._tdf_children()):

@@ -160,7 +160,7 @@ def test_stack_cat_unbind_split_chunk():
 
 def test_stack_cat_errors():
     td = make_td()
-    with pytest.raises(ValueError, match="different structures.*missing keys \\['e'\\]"):
+    with pytest.raises(ValueError, match="structures differ.*missing keys \\['e'\\]"):
         tdfunc.stack([td, td.exclude("e")])
     with pytest.raises(ValueError, match="extra keys \\['z'\\]"):
         tdfunc.cat([td, td.set("z", torch.zeros(4, 3))])

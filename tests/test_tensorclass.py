@@ -437,9 +437,9 @@ def test_static_fields_are_structure():
     _, spec_b = pytree.tree_flatten(b)
     assert spec_a != spec_b and pytree.tree_flatten(a)[0] == pytree.tree_flatten(b)[0]
     assert pytree.tree_unflatten(pytree.tree_leaves(a), spec_b).discount == 0.5
-    with pytest.raises(ValueError, match="types or static fields differ"):
+    with pytest.raises(ValueError, match="different node types or static fields"):
         tdfunc.stack([a, b])
-    with pytest.raises(TypeError, match="different types or static fields"):
+    with pytest.raises(TypeError, match="different node types or static fields"):
         a + b
     assert (a + a).discount == 0.9
 
@@ -479,7 +479,7 @@ def test_set_field_and_nested_path():
     assert type(r3.inner) is Inner and torch.equal(r3.inner.c, torch.zeros(4, 3, 2))
     with pytest.raises(KeyError, match="key 'nope' not found"):
         t.set("nope", torch.zeros(8))
-    with pytest.raises(TypeError, match="holds a Tensor, not a nested container"):
+    with pytest.raises(TypeError, match="leads to a Tensor, not a nested container"):
         t.set(("obs", "x"), torch.zeros(8))
 
 

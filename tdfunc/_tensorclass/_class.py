@@ -26,8 +26,9 @@ from .. import _ops as ops
 from . import _codegen as G
 from . import _fields as F
 from .._base import TensorTree
-from .._tree import KeyPath, is_node, register
-from ..tensordict import TensorDict, _as_path, _repr
+from .._tree import describe_child, is_node, register
+from .._keys import as_path, get_path, is_key, missing_message, set_path
+from ..tensordict import TensorDict
 
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform
@@ -73,10 +74,38 @@ class _TensorClass(TensorTree):
     def _tdf_keys(self) -> tuple[str, ...]:
         return self._tdf_child_names
 
-    def _tdf_get(self, key: str, default: Any = None) -> Any:
+    def _tdf_get(self, key: str, default: Any) -> Any:
         if key in self._tdf_fields:
             return getattr(self, key)
         return default
+
+    def _tdf_set(self, key: str, value: Any) -> Any:
+        if key not in self._tdf_fields:
+            raise KeyError(missing_message(self, (key,), 0))
+        return self.replace(**{key: value})
+
+    def _tdf_with_items(self, items: Sequence[tuple[str, Any]]) -> Any:
+        names = tuple(k for k, _ in items)
+        if sorted(names) != sorted(self._tdf_child_names):
+            raise TypeError(
+                E.FIXED_FIELDS.format(
+                    op="key op",
+                    cls=type(self).__name__,
+                    fields=list(self._tdf_child_names),
+                    names=list(names),
+                )
+            )
+        given = dict(items)
+        children = [given[n] for n in self._tdf_child_names]
+        return self._tdf_rebuild(children, self._batch_size, self._device)
+
+    def _tdf_new_child(self, key: str) -> Any:
+        spec = self._tdf_specs.get(key)
+        if spec is not None and spec.mapping:
+            return TensorDict._new({}, self._batch_size, self._device)
+        raise TypeError(
+            F.NOT_A_SUBTREE.format(cls=type(self).__name__, name=key, typ="None", rest="...")
+        )
 
     # ------------------------------------------------------------------ frozen
     def __setattr__(self, name: str, value: Any) -> None:
@@ -106,45 +135,10 @@ class _TensorClass(TensorTree):
         if isinstance(key, str):
             if key in self._tdf_fields:
                 return getattr(self, key)
-            raise KeyError(self._missing(key))
-        if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
-            return self._get_path(key, _NO_DEFAULT)
+            raise KeyError(missing_message(self, (key,), 0))
+        if is_key(key):
+            return get_path(self, key)
         return ops.index(self, key)
-
-    def get(self, key: str | tuple[str, ...], default: Any = None) -> Any:
-        """The field at ``key`` (a field name or a tuple path into nested containers).
-
-        Example:
-            >>> import torch, tdfunc
-            >>> @tdfunc.tensorclass
-            ... class P:
-            ...     x: torch.Tensor
-            >>> P(torch.zeros(2), batch_size=[2]).get("x").shape
-            torch.Size([2])
-        """
-        return self._get_path(_as_path(key), default)
-
-    def _missing(self, key: Any) -> str:
-        return E.MISSING_KEY.format(
-            key=key, cls=type(self).__name__, available=list(self._tdf_fields)
-        )
-
-    def _get_path(self, path: KeyPath, default: Any) -> Any:
-        head, rest = path[0], path[1:]
-        if head not in self._tdf_fields:
-            if default is not _NO_DEFAULT:
-                return default
-            raise KeyError(self._missing(head if not rest else path))
-        value = getattr(self, head)
-        if not rest:
-            return value
-        if not is_node(value):
-            if default is not _NO_DEFAULT:
-                return default
-            raise KeyError(E.NOT_A_NODE.format(key=(head,), kind=type(value).__name__, rest=rest))
-        if default is _NO_DEFAULT:
-            return value[rest if len(rest) > 1 else rest[0]]
-        return value.get(rest if len(rest) > 1 else rest[0], default)
 
     # ------------------------------------------------------------------ functional updates
     def replace(self, **changes: Any) -> Any:  # pragma: no cover - generated per class
@@ -165,24 +159,7 @@ class _TensorClass(TensorTree):
             >>> p.extra["y"].tolist()
             [1.0, 1.0]
         """
-        path = _as_path(key)
-        head = path[0]
-        if head not in self._tdf_fields:
-            raise KeyError(self._missing(head if len(path) == 1 else path))
-        if len(path) == 1:
-            return self.replace(**{head: value})
-        child = getattr(self, head)
-        spec = self._tdf_specs[head]
-        if child is None and spec is not None and spec.mapping:
-            child = TensorDict._new({}, self._batch_size, self._device)
-        if not is_node(child):
-            raise TypeError(
-                F.NOT_A_SUBTREE.format(
-                    cls=type(self).__name__, name=head, typ=type(child).__name__, rest=path[1:]
-                )
-            )
-        rest = path[1:]
-        return self.replace(**{head: child.set(rest if len(rest) > 1 else rest[0], value)})
+        return set_path(self, as_path(key), value)
 
     # ------------------------------------------------------------------ conversion
     def to_tensordict(self) -> TensorDict:
@@ -247,7 +224,6 @@ class _TensorClass(TensorTree):
 
 
 _C = TypeVar("_C", bound=_TensorClass)
-_NO_DEFAULT: Any = object()
 
 
 def _single_tensorclass(spec: F.ChildSpec | None) -> type | None:
@@ -265,23 +241,13 @@ def _as_tensordict(node: Any) -> TensorDict:
     return TensorDict._new(data, node._batch_size, node._device)
 
 
-def _describe(v: Any, indent: int) -> str:
-    if isinstance(v, Tensor):
-        return f"Tensor(shape={tuple(v.shape)}, dtype={v.dtype})"
-    if isinstance(v, _TensorClass):
-        return _tc_repr(v, indent)
-    if is_node(v):
-        return _repr(v, indent)
-    return repr(v)
-
-
 def _tc_repr(node: _TensorClass, indent: int) -> str:
     pad = "    " * (indent + 1)
     lines = [f"{type(node).__name__}("]
     shown = {f.name for f in dataclasses.fields(node) if f.repr}
     for name in node._tdf_fields:
         if name in shown:
-            lines.append(f"{pad}{name}={_describe(getattr(node, name, None), indent + 1)},")
+            lines.append(f"{pad}{name}={describe_child(getattr(node, name, None), indent)},")
     dev = None if node._device is None else str(node._device)
     lines.append(f"{pad}batch_size={tuple(node._batch_size)}, device={dev})")
     return "\n".join(lines)
