@@ -27,8 +27,6 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from . import _errors as E
-
 Key = str | tuple[str, ...]
 KeyPath = tuple[str, ...]
 
@@ -210,55 +208,6 @@ def shallow_copy(node: Node) -> Any:
     return map_leaves(node, leaves(node))
 
 
-def check_batch_invariant(
-    node: Node, new_leaves: Sequence[Any], batch_size: torch.Size, what: str
-) -> None:
-    """Check that ``map_leaves(node, new_leaves, batch_size)`` would be a valid container.
-
-    Every leaf must be a tensor whose shape starts with the batch size of the node that holds
-    it in the result: ``batch_size`` for the root, ``batch_size`` + the node's extra dims for
-    nested nodes. ``TypeError`` / ``ValueError`` naming the key path otherwise.
-    """
-    bd = len(batch_size)
-    for x in new_leaves:  # fast pass over the root batch size
-        if not isinstance(x, Tensor) or (bd and x.shape[:bd] != batch_size):
-            break
-    else:
-        if not _has_extra_dims(node):
-            return
-    it = iter(new_leaves)
-    _check_node(node, it, batch_size, (), what)
-
-
-def _has_extra_dims(node: Node) -> bool:
-    bd = len(node._batch_size)
-    for v in node._tdf_children():
-        if isinstance(v, Node) and (len(v._batch_size) > bd or _has_extra_dims(v)):
-            return True
-    return False
-
-
-def _check_node(
-    node: Node, it: Iterator[Any], batch_size: torch.Size, prefix: KeyPath, what: str
-) -> None:
-    old_bd, bd = len(node._batch_size), len(batch_size)
-    for k, v in zip(node._tdf_keys(), node._tdf_children()):
-        path = (*prefix, k)
-        if isinstance(v, Tensor):
-            x = next(it)
-            if not isinstance(x, Tensor):
-                raise TypeError(E.NOT_A_TENSOR.format(what=what, key=fmt_key(path), typ=type(x).__name__))
-            if x.shape[:bd] != batch_size:
-                raise ValueError(
-                    E.LEAF_SHAPE.format(
-                        key=fmt_key(path), shape=tuple(x.shape), batch_size=tuple(batch_size)
-                    )
-                    + f" (after {what})"
-                )
-        elif v is not None:
-            _check_node(v, it, batch_size + v._batch_size[old_bd:], path, what)
-
-
 def same_structure(a: Any, b: Any) -> bool:
     """True when two nodes have the same types, keys, static fields and nesting.
 
@@ -281,49 +230,6 @@ def same_structure(a: Any, b: Any) -> bool:
         elif (x is None) != (y is None):
             return False
     return True
-
-
-def check_same_structure(a: Any, b: Any, what: str) -> None:
-    """The one structure check of every op that combines containers.
-
-    Raises :class:`~tdfunc._errors.KeysDifferError` when the key sets differ (naming the
-    missing and extra paths) and :class:`~tdfunc._errors.NodeTypesDifferError` when only
-    node types or static fields differ; both are :class:`~tdfunc._errors.StructureError`
-    (a ``ValueError``).
-    """
-    if same_structure(a, b):
-        return
-    ka, kb = _key_set(a, ()), _key_set(b, ())
-    sa, sb = set(ka), set(kb)
-    missing = [k[0] if len(k) == 1 else k for k in ka if k not in sb]
-    extra = [k[0] if len(k) == 1 else k for k in kb if k not in sa]
-    if missing or extra:
-        raise E.KeysDifferError(E.STRUCTURE.format(what=what, missing=missing, extra=extra))
-    raise E.NodeTypesDifferError(E.STRUCTURE_TYPES.format(what=what, a=_type_tree(a), b=_type_tree(b)))
-
-
-def _key_set(node: Node, prefix: KeyPath) -> list[KeyPath]:
-    out: list[KeyPath] = []
-    for k, v in zip(node._tdf_keys(), node._tdf_children()):
-        out.append((*prefix, k))
-        if isinstance(v, Node):
-            out.extend(_key_set(v, (*prefix, k)))
-    return out
-
-
-def _type_tree(node: Node) -> str:
-    inner = [
-        f"{k}: {_type_tree(v)}" if isinstance(v, Node) else f"{k}: {'None' if v is None else 'leaf'}"
-        for k, v in zip(node._tdf_keys(), node._tdf_children())
-    ]
-    static = node._tdf_static()
-    extra = f", static={dict(static)}" if static else ""
-    return f"{type(node).__name__}({', '.join(inner)}{extra})"
-
-
-def fmt_key(path: KeyPath) -> str:
-    """Human-readable key path: ``'a'`` or ``('a', 'b')``."""
-    return repr(path[0]) if len(path) == 1 else repr(path)
 
 
 # --------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._tree import KeyPath, fmt_key, is_node
+from ._keys import fmt_key
+from ._tree import KeyPath, is_node
 
 
 def assert_close(

@@ -57,7 +57,8 @@ from ._placements import (
     resolve,
 )
 from ._mesh import check_node, common_mesh, describe_mesh, node_paths, rebuild_batch
-from .._tree import KeyPath, fmt_key, leaves_with_paths, map_leaves
+from .._keys import fmt_key
+from .._tree import KeyPath, leaves_with_paths, map_leaves
 
 T = TypeVar("T")
 

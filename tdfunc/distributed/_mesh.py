@@ -11,7 +11,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from . import _errors as E
-from .._tree import KeyPath, fmt_key, is_node
+from .._keys import fmt_key
+from .._tree import KeyPath, is_node
 
 
 def check_node(node: Any, op: str) -> None:

@@ -11,7 +11,7 @@ from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from . import _errors as E
-from .._tree import KeyPath, fmt_key
+from .._keys import KeyPath, fmt_key
 
 #: A placement spec: one sequence for every leaf, a mapping from key paths (a string or a
 #: tuple of strings; a nested container's path covers every leaf below it) to sequences, or a

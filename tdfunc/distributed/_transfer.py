@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from . import _errors as E
 from ._placements import encode_placements
-from .._tree import KeyPath, fmt_key
+from .._keys import KeyPath, fmt_key
 
 MAGIC = 0x7464665F  # "tdf_"
 VERSION = 1

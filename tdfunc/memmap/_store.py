@@ -47,12 +47,19 @@ rewritten in place, so processes that have the old store mapped keep valid mappi
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
+import hashlib
 import importlib.util
 import json
 import os
 import secrets
 import shutil
+import stat
 import sys
+import time
+import warnings
 from contextlib import nullcontext
 from typing import Any
 
@@ -60,30 +67,41 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
+from .._keys import fmt_key
+from .._tree import KeyPath, Node, is_node
 from . import _errors as E
 from ._tensor import (
+    _O_CLOEXEC,
     DTYPES,
     MemoryMappedTensor,
+    _libc,
     check_leaf,
     check_mode,
     create_unique,
     dtype_name,
     fsync_dir,
     leaf_tensor,
-    map_file,
+    map_fd,
     nbytes_of,
+    open_fd,
     reserve,
     write_all,
     write_tensor,
 )
-from .._tree import KeyPath, Node, fmt_key, is_node
 
 FORMAT = "tdfunc.memmap"
 VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 MANIFEST = "manifest.json"
-DATA = "data.bin"
 ALIGN = 64
+#: how often ``load`` reopens a store that was replaced while it was being opened
+OPEN_ATTEMPTS = 50
+#: how often an overwriting save retries when other writers keep replacing the target
+COMMIT_ATTEMPTS = 50
+#: deepest nesting a manifest may describe
+MAX_DEPTH = 256
+#: most dims of a tensor or batch size
+MAX_NDIM = 64
 #: saves and ``memmap_like`` at least this large show a progress bar on a terminal
 PROGRESS_MIN_BYTES = 1 << 30
 
@@ -131,12 +149,6 @@ def _static_to_json(node: Node, name: str, value: Any) -> Any:
     )
 
 
-def _static_from_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        return tuple(_static_from_json(v) for v in value["tuple"])
-    return value
-
-
 def _describe(node: Node, prefix: KeyPath, layout: _Layout) -> dict[str, Any]:
     children: dict[str, Any] = {}
     for k, v in zip(node._tdf_keys(), node._tdf_children()):
@@ -165,10 +177,12 @@ def _plan(node: Any) -> tuple[dict[str, Any], _Layout]:
         raise TypeError(E.NOT_A_CONTAINER.format(typ=type(node).__name__))
     layout = _Layout()
     root = _describe(node, (), layout)
+    store_id = secrets.token_hex(12)
     manifest = {
         "format": FORMAT,
         "version": VERSION,
-        "data_file": DATA,
+        "store_id": store_id,
+        "data_file": f"data-{store_id}.bin",
         "data_bytes": layout.total,
         "alignment": ALIGN,
         "root": root,
@@ -210,19 +224,181 @@ def _check_target(path: str, overwrite: bool) -> None:
         raise FileExistsError(E.NOT_A_STORE_OVERWRITE.format(path=path, manifest=MANIFEST))
 
 
+# renameat2(2): atomic "create only if absent" and "swap two entries"
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+_AT_FDCWD = -100
+_renameat2 = getattr(_libc, "renameat2", None)
+if _renameat2 is not None:
+    _renameat2.restype = ctypes.c_int
+    _renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+#: errno values meaning "this kernel or file system does not support the flag"
+_UNSUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+
+def _rename2(src: str, dst: str, flag: int) -> bool:
+    """``renameat2(src, dst, flag)``; ``False`` when the flag is unsupported here."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flag) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _UNSUPPORTED:
+        return False
+    raise OSError(err, os.strerror(err), src, None, dst)
+
+
+def _rename_noreplace(tmp: str, path: str) -> None:
+    """Move ``tmp`` to ``path`` only if nothing is there (``FileExistsError`` otherwise): of
+    two writers racing to create a store, exactly one wins."""
+    try:
+        if _rename2(tmp, path, _RENAME_NOREPLACE):
+            return
+        if os.path.lexists(path):  # no atomic primitive: best effort
+            raise FileExistsError(E.STORE_EXISTS.format(path=path))
+        os.rename(tmp, path)
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+            raise FileExistsError(E.STORE_EXISTS.format(path=path)) from None
+        raise
+
+
+def _short(name: str) -> str:
+    """``name`` cut for hidden temporary names, so that they fit the 255-byte name limit."""
+    raw = name.encode()
+    if len(raw) <= 48:
+        return name
+    return raw[:32].decode(errors="ignore") + "~" + hashlib.sha256(raw).hexdigest()[:10]
+
+
+def _temp_prefixes(name: str) -> tuple[str, str]:
+    short = _short(name)
+    return f".{short}.saving-", f".{short}.old-"
+
+
+def _lock_dir(path: str, blocking: bool) -> int | None:
+    """An open descriptor of directory ``path`` holding an exclusive ``flock``; ``None`` when
+    another process holds it (non-blocking) or the directory is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _remove(path: str, tmp: str) -> None:
+    """Delete the directory ``tmp`` after a commit; a failure is a warning, not an error."""
+    try:
+        shutil.rmtree(tmp)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        warnings.warn(
+            E.CLEANUP_FAILED.format(path=path, tmp=tmp, reason=e.strerror or e),
+            E.StoreCleanupWarning,
+            stacklevel=4,
+        )
+
+
+def _remove_stale(parent: str, name: str, path: str) -> None:
+    """Delete the temporary directories of killed saves to ``path`` (their writer, which held
+    a lock on them, is gone). A previous version moved aside (``.old-``) is only removed while
+    ``path`` holds a store, so it is never the last copy."""
+    saving, old = _temp_prefixes(name)
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return
+    for entry in entries:
+        if not (entry.startswith(saving) or entry.startswith(old)):
+            continue
+        if entry.startswith(old) and not os.path.isfile(os.path.join(path, MANIFEST)):
+            continue
+        full = os.path.join(parent, entry)
+        fd = _lock_dir(full, blocking=False)
+        if fd is None:
+            continue  # a live save holds it
+        try:
+            _remove(path, full)
+        finally:
+            os.close(fd)
+
+
+def _new_temp(parent: str, name: str) -> tuple[int, str]:
+    """A fresh hidden directory for a save, locked by this process (``(lock fd, path)``)."""
+    saving, _ = _temp_prefixes(name)
+    while True:
+        _, tmp = create_unique(parent, saving, directory=True)
+        fd = _lock_dir(tmp, blocking=True)
+        if fd is not None and os.fstat(fd).st_nlink > 0:
+            return fd, tmp
+        if fd is not None:  # removed by a concurrent cleanup before the lock was taken
+            os.close(fd)
+
+
 def _commit(tmp: str, path: str, overwrite: bool) -> None:
-    """Move the finished store ``tmp`` onto ``path`` (see the module docstring)."""
-    parent, name = os.path.split(path)
-    _check_target(path, overwrite)
-    if os.path.lexists(path):
-        old = os.path.join(parent, f".{name}.old-{secrets.token_hex(6)}")
-        os.rename(path, old)
+    """Make the finished store ``tmp`` the store at ``path`` (see the module docstring).
+
+    Once the new store is in place nothing raises: cleanup failures are warnings.
+    """
+    parent = os.path.dirname(path)
+    if not overwrite:
+        _rename_noreplace(tmp, path)
+        _sync_after_commit(parent, path)
+        return
+    for _ in range(COMMIT_ATTEMPTS):
+        if not os.path.lexists(path):
+            try:
+                _rename_noreplace(tmp, path)
+            except FileExistsError:
+                continue  # created meanwhile: check what it is
+            _sync_after_commit(parent, path)
+            return
+        _check_target(path, overwrite=True)
+        try:
+            swapped = _rename2(tmp, path, _RENAME_EXCHANGE)
+        except FileNotFoundError:
+            continue  # removed meanwhile
+        if swapped:
+            # ``tmp`` now holds what was at ``path``: give it back if it was not a store
+            if not _is_store_or_empty(tmp):
+                _rename2(tmp, path, _RENAME_EXCHANGE)
+                raise FileExistsError(E.NOT_A_STORE_OVERWRITE.format(path=path, manifest=MANIFEST))
+            _sync_after_commit(parent, path)
+            _remove(path, tmp)
+            return
+        # no atomic exchange here: move the old store aside, then the new one in
+        old = os.path.join(parent, _temp_prefixes(os.path.basename(path))[1] + secrets.token_hex(6))
+        try:
+            os.rename(path, old)
+        except FileNotFoundError:
+            continue
         os.rename(tmp, path)
+        _sync_after_commit(parent, path)
+        _remove(path, old)
+        return
+    raise FileExistsError(E.STORE_EXISTS.format(path=path))
+
+
+def _sync_after_commit(parent: str, path: str) -> None:
+    try:
         fsync_dir(parent)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, path)
-        fsync_dir(parent)
+    except OSError as e:
+        warnings.warn(
+            E.CLEANUP_FAILED.format(path=path, tmp=parent, reason=e.strerror or e),
+            E.StoreCleanupWarning,
+            stacklevel=4,
+        )
 
 
 def _write_store(
@@ -233,9 +409,12 @@ def _write_store(
     _check_target(path, overwrite)
     parent, name = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
-    _, tmp = create_unique(parent, f".{name}.saving-", directory=True)
+    _remove_stale(parent, name, path)
+    lock, tmp = _new_temp(parent, name)
+    committed = False
     try:
-        fd = os.open(os.path.join(tmp, DATA), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        data_file = manifest["data_file"]
+        fd = os.open(os.path.join(tmp, data_file), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             desc = f"saving {name}" if fill else f"allocating {name}"
             with _progress(layout.total, progress, desc) as bar:
@@ -260,9 +439,13 @@ def _write_store(
             os.close(fd)
         fsync_dir(tmp)
         _commit(tmp, path, overwrite)
+        committed = True
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not committed:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(lock)
     return path
 
 
@@ -321,6 +504,9 @@ def memmap_like(
 # --------------------------------------------------------------------------------------
 # loading
 # --------------------------------------------------------------------------------------
+_BIG = 1 << 62  # no tensor of this many bytes can exist
+
+
 class _Reader:
     """Validates manifest entries and builds the container over one mapping."""
 
@@ -331,12 +517,14 @@ class _Reader:
         data_path: str,
         data_bytes: int,
         mode: str,
+        ident: tuple[int, int],
     ) -> None:
         self.manifest = manifest_path
         self.base = base
         self.data = data_path
         self.data_bytes = data_bytes
         self.mode = mode
+        self.ident = ident
         self.spans: list[tuple[int, int, KeyPath]] = []
 
     def corrupt(self, detail: str) -> E.MemmapFormatError:
@@ -347,13 +535,19 @@ class _Reader:
             raise self.corrupt(f"entry {_where(path)} has no field {name!r}")
         value = entry[name]
         if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-            raise self.corrupt(f"field {name!r} of entry {_where(path)} is {value!r}")
+            raise self.corrupt(f"field {name!r} of entry {_where(path)} is {_short_repr(value)}")
         return value
 
     def ints(self, entry: Any, name: str, path: KeyPath) -> list[int]:
         value = self.field(entry, name, list, path)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-            raise self.corrupt(f"field {name!r} of entry {_where(path)} is {value!r}")
+        ok = len(value) <= MAX_NDIM and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _BIG for v in value
+        )
+        size = 1
+        for v in value if ok else ():
+            size *= max(v, 1)
+        if not ok or size >= _BIG:
+            raise self.corrupt(f"field {name!r} of entry {_where(path)} is {_short_repr(value)}")
         return value
 
     def leaf(self, entry: dict[str, Any], path: KeyPath) -> Tensor:
@@ -377,10 +571,36 @@ class _Reader:
             )
         if n:
             self.spans.append((off, n, path))
-        inner = leaf_tensor(self.base, off, dtype, shape)
-        return MemoryMappedTensor._wrap(inner, self.data, self.mode, off)
+        inner = leaf_tensor(self.base, off, dtype, shape, self.mode, self.data)
+        return MemoryMappedTensor._wrap(inner, self.data, self.mode, off, self.ident)
+
+    def static(self, entry: Any, path: KeyPath) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for item in self.field(entry, "static", list, path):
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+                raise self.corrupt(
+                    f"entry {_where(path)} has a bad static item {_short_repr(item)}"
+                )
+            if item[0] in out:
+                raise self.corrupt(f"entry {_where(path)} repeats static field {item[0]!r}")
+            out[item[0]] = self.static_value(item[1], path, 0)
+        return out
+
+    def static_value(self, value: Any, path: KeyPath, depth: int) -> Any:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if (
+            depth < MAX_DEPTH
+            and isinstance(value, dict)
+            and list(value) == ["tuple"]
+            and isinstance(value["tuple"], list)
+        ):
+            return tuple(self.static_value(v, path, depth + 1) for v in value["tuple"])
+        raise self.corrupt(f"entry {_where(path)} has a bad static value {_short_repr(value)}")
 
     def node(self, entry: Any, path: KeyPath) -> Any:
+        if len(path) > MAX_DEPTH:
+            raise self.corrupt(f"nesting deeper than {MAX_DEPTH} levels at {_where(path[:8])}...")
         name = self.field(entry, "type", str, path)
         cls = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name)
         if not (isinstance(cls, type) and issubclass(cls, Node)):
@@ -390,42 +610,65 @@ class _Reader:
         bs = torch.Size(self.ints(entry, "batch_size", path))
         dev = entry.get("device")
         if dev is not None and not isinstance(dev, str):
-            raise self.corrupt(f"field 'device' of entry {_where(path)} is {dev!r}")
-        static = tuple(
-            (str(k), _static_from_json(v)) for k, v in self.field(entry, "static", list, path)
-        )
-        keys: list[str] = []
-        kids: list[Any] = []
-        ndims: list[int] = []
+            raise self.corrupt(f"field 'device' of entry {_where(path)} is {_short_repr(dev)}")
+        static = self.static(entry, path)
+        kids: dict[str, Any] = {}
         for k, sub in self.field(entry, "children", dict, path).items():
             sub_path = path + (k,)
             kind = self.field(sub, "kind", str, sub_path)
             if kind == "none":
-                kid, nd = None, -1
+                kid = None
             elif kind == "tensor":
                 kid = self.leaf(sub, sub_path)
-                nd = kid.ndim
                 if kid.shape[: len(bs)] != bs:
                     raise self.corrupt(
                         f"leaf {_where(sub_path)} does not start with batch {list(bs)}"
                     )
             elif kind == "node":
                 kid = self.node(sub, sub_path)
-                nd = len(kid._batch_size)
                 if kid._batch_size[: len(bs)] != bs:
                     raise self.corrupt(
                         f"node {_where(sub_path)} does not start with batch {list(bs)}"
                     )
             else:
                 raise self.corrupt(f"entry {_where(sub_path)} has unknown kind {kind!r}")
-            keys.append(k)
-            kids.append(kid)
-            ndims.append(nd)
+            kids[k] = kid
         # leaves live on the host: a store saved from an accelerator loads onto the CPU
         device = None if dev is None else "cpu"
-        empty = None if any(nd >= 0 for nd in ndims) else tuple(bs)
-        ctx = (tuple(keys), len(bs), tuple(ndims), device, empty, static)
-        return pytree.SUPPORTED_NODES[cls].unflatten_fn([c for c in kids if c is not None], ctx)
+        return self.build(cls, name, kids, static, bs, device, path)
+
+    def build(
+        self,
+        cls: type,
+        name: str,
+        kids: dict[str, Any],
+        static: dict[str, Any],
+        bs: torch.Size,
+        device: str | None,
+        path: KeyPath,
+    ) -> Any:
+        """The node, built by name through the class's own validating constructor."""
+        fields = getattr(cls, "_tdf_fields", None)
+        if fields is not None:  # a tensorclass: children and static fields must match by name
+            statics = tuple(getattr(cls, "_tdf_static_names", ()))
+            tensors = tuple(f for f in fields if f not in statics)
+            for what, got, want in (("fields", kids, tensors), ("static fields", static, statics)):
+                if set(got) != set(want):
+                    raise self.corrupt(
+                        f"{what} of {name} at {_where(path)} are {sorted(got)}, but the class "
+                        f"has {sorted(want)}"
+                    )
+        else:
+            if static:
+                raise self.corrupt(f"node {_where(path)} of type {name} has static fields")
+            if any(v is None for v in kids.values()):
+                raise self.corrupt(f"node {_where(path)} of type {name} has a 'none' child")
+        try:
+            if fields is not None:
+                return cls(**kids, **static, batch_size=bs, device=device)
+            return cls(kids, batch_size=bs, device=device)
+        except (TypeError, ValueError, KeyError) as e:
+            raise self.corrupt(f"node {_where(path)} does not fit {name}: {e}") from None
 
     def check_overlaps(self) -> None:
         end, prev = 0, ()
@@ -439,24 +682,24 @@ def _where(path: KeyPath) -> str:
     return "<root>" if not path else fmt_key(path)
 
 
-def _read_manifest(path: str) -> tuple[str, dict[str, Any]]:
-    manifest_path = os.path.join(path, MANIFEST)
-    if not os.path.exists(path):
-        raise FileNotFoundError(E.NOT_FOUND.format(path=path))
-    if not os.path.isfile(manifest_path):
-        raise FileNotFoundError(E.NO_MANIFEST.format(path=path, manifest=MANIFEST))
-    with open(manifest_path, "rb") as f:
-        raw = f.read()
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _corrupt(manifest_path: str, detail: str) -> E.MemmapFormatError:
+    return E.MemmapFormatError(E.CORRUPT_MANIFEST.format(manifest=manifest_path, detail=detail))
+
+
+def _parse_manifest(raw: bytes, manifest_path: str) -> dict[str, Any]:
     try:
         manifest = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise E.MemmapFormatError(
-            E.CORRUPT_MANIFEST.format(manifest=manifest_path, detail=f"not valid JSON ({e})")
-        ) from None
+        raise _corrupt(manifest_path, f"not valid JSON ({e})") from None
+    except RecursionError:
+        raise _corrupt(manifest_path, "nested too deeply") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise E.MemmapFormatError(
-            E.CORRUPT_MANIFEST.format(manifest=manifest_path, detail=f"'format' is not {FORMAT!r}")
-        )
+        raise _corrupt(manifest_path, f"'format' is not {FORMAT!r}")
     version = manifest.get("version")
     if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
         raise E.MemmapFormatError(
@@ -464,7 +707,129 @@ def _read_manifest(path: str) -> tuple[str, dict[str, Any]]:
                 manifest=manifest_path, version=version, supported=list(SUPPORTED_VERSIONS)
             )
         )
-    return manifest_path, manifest
+    return manifest
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class _Replaced(Exception):
+    """Internal: the directory being opened is no longer the store at the path; reopen."""
+
+
+def _replaced(dfd: int, path: str) -> bool:
+    """Whether the directory open as ``dfd`` is no longer the one at ``path``."""
+    a = os.fstat(dfd)
+    try:
+        b = os.stat(path)
+    except OSError:
+        return True
+    return (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) or a.st_nlink == 0
+
+
+def _open_member(
+    dfd: int, path: str, name: str, mode: str, manifest_path: str, missing: str
+) -> tuple[int, os.stat_result]:
+    """Open the file ``name`` of the store directory ``dfd``: no symbolic links, regular files
+    only (``MemmapFormatError``); ``_Replaced`` when it is missing because the store was
+    replaced meanwhile, ``FileNotFoundError`` (message ``missing``) otherwise."""
+    full = os.path.join(path, name)
+    try:
+        fd = open_fd(name, mode, dir_fd=dfd, follow=False)
+    except FileNotFoundError:
+        if _replaced(dfd, path):
+            raise _Replaced from None
+        raise FileNotFoundError(missing) from None
+    except PermissionError as e:
+        raise PermissionError(e.errno, e.strerror.replace(repr(name), repr(full), 1)) from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise E.MemmapFormatError(
+                E.MEMBER_LINK.format(manifest=manifest_path, name=name)
+            ) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise E.MemmapFormatError(E.MEMBER_LINK.format(manifest=manifest_path, name=name))
+    return fd, st
+
+
+def _open_version(path: str, mode: str) -> Any:
+    """One attempt at opening the store at ``path``: the manifest and the data file are both
+    opened relative to one open descriptor of the store directory, so they belong to the same
+    committed version even when another process replaces the store meanwhile."""
+    manifest_path = os.path.join(path, MANIFEST)
+    try:
+        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(E.NOT_FOUND.format(path=path)) from None
+    except PermissionError as e:
+        raise PermissionError(
+            e.errno, E.NO_STORE_ACCESS.format(path=path, reason=e.strerror)
+        ) from None
+    try:
+        try:
+            mfd, _ = _open_member(
+                dfd,
+                path,
+                MANIFEST,
+                "r",
+                manifest_path,
+                E.NO_MANIFEST.format(path=path, manifest=MANIFEST),
+            )
+        except PermissionError as e:
+            if e.errno == errno.EACCES and not os.access(path, os.X_OK):
+                raise PermissionError(
+                    e.errno, E.NO_STORE_ACCESS.format(path=path, reason=e.strerror)
+                ) from None
+            raise
+        try:
+            manifest = _parse_manifest(_read_all(mfd), manifest_path)
+        finally:
+            os.close(mfd)
+        data_file = manifest.get("data_file")
+        data_bytes = manifest.get("data_bytes")
+        if (
+            not isinstance(data_file, str)
+            or not data_file
+            or os.path.basename(data_file) != data_file
+            or data_file in (".", "..", MANIFEST)
+            or "\0" in data_file
+        ):
+            raise _corrupt(manifest_path, f"bad data_file {_short_repr(data_file)}")
+        if (
+            not isinstance(data_bytes, int)
+            or isinstance(data_bytes, bool)
+            or not 0 <= data_bytes < _BIG
+        ):
+            raise _corrupt(manifest_path, f"bad data_bytes {_short_repr(data_bytes)}")
+        data_path = os.path.join(path, data_file)
+        fd, st = _open_member(
+            dfd,
+            path,
+            data_file,
+            mode,
+            manifest_path,
+            E.DATA_MISSING.format(filename=data_path, manifest=manifest_path),
+        )
+        try:
+            if st.st_size < data_bytes:
+                raise E.MemmapFormatError(
+                    E.DATA_TOO_SHORT.format(
+                        filename=data_path, size=st.st_size, need=data_bytes, manifest=manifest_path
+                    )
+                )
+            base = map_fd(fd, data_path, mode, data_bytes)
+        finally:
+            os.close(fd)
+        return manifest_path, manifest, base, data_path, data_bytes, (st.st_dev, st.st_ino)
+    finally:
+        os.close(dfd)
 
 
 def load(path: str | os.PathLike[str], *, mode: str = "r") -> Any:
@@ -472,6 +837,8 @@ def load(path: str | os.PathLike[str], *, mode: str = "r") -> Any:
 
     Loading costs O(number of leaves): the manifest is parsed, every offset and size is
     checked against the data file's size (no data is read) and the file is mapped once.
+    The result is one complete committed version of the store, even while another process
+    replaces it with ``save(..., overwrite=True)``.
 
     Args:
         path: the store directory.
@@ -485,8 +852,11 @@ def load(path: str | os.PathLike[str], *, mode: str = "r") -> Any:
     Raises:
         FileNotFoundError: no store (or no data file) at ``path``.
         MemmapFormatError: corrupt manifest, unknown format version, data file shorter than
-            the manifest says, unknown dtype or unregistered tensorclass name.
-        PermissionError: ``mode="r+"`` on a file this process cannot write.
+            the manifest says, unknown dtype or unregistered tensorclass name, a manifest that
+            does not fit its container class, a store file that is a symbolic link.
+        PermissionError: a store this process may not read, or ``mode="r+"`` on a data file
+            it may not write.
+        StoreReplacedError: the store kept being replaced while it was being opened.
 
     Example:
         >>> import os, tempfile, torch, tdfunc
@@ -498,36 +868,15 @@ def load(path: str | os.PathLike[str], *, mode: str = "r") -> Any:
     """
     check_mode(mode)
     path = os.path.abspath(os.fspath(path))
-    manifest_path, manifest = _read_manifest(path)
-    data_file = manifest.get("data_file")
-    data_bytes = manifest.get("data_bytes")
-    if (
-        not isinstance(data_file, str)
-        or not data_file
-        or os.path.basename(data_file) != data_file
-        or data_file in (".", "..")
-    ):
-        raise E.MemmapFormatError(
-            E.CORRUPT_MANIFEST.format(manifest=manifest_path, detail=f"bad data_file {data_file!r}")
-        )
-    if not isinstance(data_bytes, int) or isinstance(data_bytes, bool) or data_bytes < 0:
-        raise E.MemmapFormatError(
-            E.CORRUPT_MANIFEST.format(
-                manifest=manifest_path, detail=f"bad data_bytes {data_bytes!r}"
-            )
-        )
-    data_path = os.path.join(path, data_file)
-    if not os.path.isfile(data_path):
-        raise FileNotFoundError(E.DATA_MISSING.format(filename=data_path, manifest=manifest_path))
-    size = os.stat(data_path).st_size
-    if size < data_bytes:
-        raise E.MemmapFormatError(
-            E.DATA_TOO_SHORT.format(
-                filename=data_path, size=size, need=data_bytes, manifest=manifest_path
-            )
-        )
-    base = map_file(data_path, mode, data_bytes)
-    reader = _Reader(manifest_path, base, data_path, data_bytes, mode)
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            manifest_path, manifest, base, data_path, data_bytes, ident = _open_version(path, mode)
+            break
+        except _Replaced:
+            time.sleep(0.001 * attempt)
+    else:
+        raise E.StoreReplacedError(E.STORE_BUSY.format(path=path, attempts=OPEN_ATTEMPTS))
+    reader = _Reader(manifest_path, base, data_path, data_bytes, mode, ident)
     root = manifest.get("root")
     if reader.field({"root": root}, "root", dict, ()).get("kind") != "node":
         raise reader.corrupt("the root entry is not a node")

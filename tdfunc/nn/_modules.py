@@ -18,7 +18,8 @@ from typing import Any
 
 from torch import nn
 
-from .._tree import KeyPath, Node, fmt_key, is_node
+from .._keys import fmt_key
+from .._tree import KeyPath, Node, is_node
 from ._routing import (
     BAD_KWARG,
     MISSING,

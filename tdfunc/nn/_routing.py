@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._tree import KeyPath, Node, fmt_key, is_node
+from .._keys import fmt_key
+from .._tree import KeyPath, Node, is_node
 from ..tensordict import TensorDict
 
 Key = str | tuple[str, ...]
