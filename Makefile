@@ -37,9 +37,16 @@ bench: $(BSTAMP)
 bench-quick: $(BSTAMP)
 	$(PY) -m compile_benchmarks.run --quick
 
+LINT_PATHS := tdfunc tests examples compile_benchmarks
+
+# ruff (rules in pyproject.toml), the formatter in check mode, and mypy over tdfunc/.
+# Every step runs, so one report lists all problems; the target fails if any step failed.
 lint: $(STAMP)
-	$(PY) -m ruff check tdfunc tests examples compile_benchmarks
-	$(PY) -m ruff format --check tdfunc tests examples compile_benchmarks
+	@rc=0; \
+	$(PY) -m ruff check $(LINT_PATHS) || rc=1; \
+	$(PY) -m ruff format --check $(LINT_PATHS) || rc=1; \
+	$(PY) -m mypy || rc=1; \
+	exit $$rc
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

@@ -1,65 +1,16 @@
-"""Shared fixtures and helpers for the tdfunc test suite."""
+"""Fixtures of the tdfunc test suite. Shared helpers live in ``tests/helpers.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 import torch
-from torch._dynamo.testing import CompileCounterWithBackend
 
-import tdfunc
+# Re-exported while test modules move their imports to ``helpers``; new code imports from there.
+from helpers import check_compiled as check_compiled
+from helpers import compare as compare
+from helpers import snapshot as snapshot
 
 
 @pytest.fixture(autouse=True)
-def _fresh_dynamo():
+def _fresh_dynamo() -> None:
     torch._dynamo.reset()
-    yield
-
-
-def compare(a: Any, b: Any) -> None:
-    """assert_close over containers, tensors, tuples/lists and dicts of them."""
-    if isinstance(a, (tuple, list)):
-        assert isinstance(b, (tuple, list)) and len(a) == len(b)
-        for x, y in zip(a, b):
-            compare(x, y)
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and list(a) == list(b)
-        for k in a:
-            compare(a[k], b[k])
-    elif isinstance(a, torch.Size) or not (isinstance(a, torch.Tensor) or tdfunc.is_node(a)):
-        assert a == b
-    else:
-        tdfunc.testing.assert_close(a, b)
-
-
-def check_compiled(
-    fn: Callable[..., Any],
-    make: Callable[[], tuple[Any, ...]],
-    *,
-    backend: str = "eager",
-    max_frames: int = 1,
-    dynamic: bool | None = None,
-) -> CompileCounterWithBackend:
-    """Run ``fn`` eager and compiled (fullgraph) on ``make()``; compare; check frames and that a
-    second call with new values of the same structure does not recompile."""
-    args = make()
-    expected = fn(*args)
-    cnt = CompileCounterWithBackend(backend)
-    cfn = torch.compile(fn, backend=cnt, fullgraph=True, dynamic=dynamic)
-    got = cfn(*args)
-    compare(got, expected)
-    frames = cnt.frame_count
-    assert frames <= max_frames, f"expected at most {max_frames} frame(s), got {frames}"
-    args2 = make()
-    compare(cfn(*args2), fn(*args2))
-    assert cnt.frame_count == frames, "recompiled on new values of the same structure"
-    return cnt
-
-
-def snapshot(x: Any) -> Any:
-    """A deep copy of a container's leaves and structure, to check inputs are not modified."""
-    if tdfunc.is_node(x):
-        return x.clone()
-    return x.clone() if isinstance(x, torch.Tensor) else x

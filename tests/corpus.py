@@ -111,7 +111,7 @@ OPS: dict[str, Callable[[Any], Any]] = {
     "any": lambda t: (t > 100).any(),
     "all_dim": lambda t: (t > 0).all(dim=0),
     "len_numel": lambda t: tdfunc.full_like(t, len(t) + t.numel()),
-    "iterate": lambda t: [x for x in t],
+    "iterate": lambda t: list(t),
     "to_dict": lambda t: t.to_dict() if isinstance(t, TensorDict) else t,
 }
 

@@ -31,7 +31,8 @@ def make_td(b: int = 4) -> TensorDict:
 def test_flatten_unflatten_round_trip():
     td = make_td()
     leaves, spec = P.tree_flatten(td)
-    assert len(leaves) == 3 and leaves[0] is td["a"]
+    assert len(leaves) == 3
+    assert leaves[0] is td["a"]
     back = P.tree_unflatten(leaves, spec)
     assert_close(back, td)
     assert back["n"].batch_size == (4, 3, 5)
@@ -67,12 +68,14 @@ def test_flatten_with_keys_paths():
 def test_tree_map_keeps_batch_size():
     td = make_td()
     out = P.tree_map(lambda x: x * 2, td)
-    assert isinstance(out, TensorDict) and out.batch_size == (4, 3)
+    assert isinstance(out, TensorDict)
+    assert out.batch_size == (4, 3)
     assert out["n"].batch_size == (4, 3, 5)
     assert torch.equal(out["e"], td["e"] * 2)
     # removing the same leading dim from every leaf removes it from the batch
     summed = P.tree_map(lambda x: x.sum(0), td)
-    assert summed.batch_size == (3,) and summed["n"].batch_size == (3, 5)
+    assert summed.batch_size == (3,)
+    assert summed["n"].batch_size == (3, 5)
 
 
 def test_optree_registration():
@@ -80,7 +83,8 @@ def test_optree_registration():
     leaves, spec = optree.tree_flatten(td, namespace=tdfunc.OPTREE_NAMESPACE)
     assert len(leaves) == 3
     out = optree.tree_map(lambda x: x + 1, td, namespace="tdfunc")
-    assert isinstance(out, TensorDict) and out.batch_size == td.batch_size
+    assert isinstance(out, TensorDict)
+    assert out.batch_size == td.batch_size
     assert_close(out, td + 1)
     paths = optree.tree_paths(td, namespace="tdfunc")
     assert paths == [("a",), ("n", "c"), ("e",)]
@@ -97,7 +101,8 @@ def test_vmap_in_dims_0_batch_size_inside_and_out():
 
     out = torch.vmap(f)(td)
     assert seen == [(torch.Size([3]), torch.Size([3, 5]))]
-    assert out.batch_size == (4, 3) and out["n"].batch_size == (4, 3, 5)
+    assert out.batch_size == (4, 3)
+    assert out["n"].batch_size == (4, 3, 5)
     assert_close(out, td * 2)
 
 
@@ -127,7 +132,8 @@ def test_vmap_nested_and_out_dims():
 def test_vmap_function_building_a_tensordict():
     x = torch.randn(5, 3)
     out = torch.vmap(lambda v: TensorDict(v=v, s=v.sum()))(x)
-    assert out.batch_size == (5,) and out["s"].shape == (5,)
+    assert out.batch_size == (5,)
+    assert out["s"].shape == (5,)
 
 
 def test_vmap_over_tensor_with_tensordict_unbatched():
@@ -153,7 +159,8 @@ def test_export_dynamic_batch_and_save_load():
     ep = torch.export.export(m, (td,), dynamic_shapes=([{0: b}, [{0: b}]],))
     td7 = TensorDict({"x": torch.randn(7, 3), "n": {"z": torch.randn(7)}}, batch_size=[7])
     out = ep.module()(td7)
-    assert isinstance(out, TensorDict) and out.batch_size == (7,)
+    assert isinstance(out, TensorDict)
+    assert out.batch_size == (7,)
     assert_close(out, m(td7))
     buf = io.BytesIO()
     torch.export.save(ep, buf)
