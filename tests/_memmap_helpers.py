@@ -88,6 +88,12 @@ def isolated(fn: Callable[[], Any]) -> dict[str, Any]:
     return rep
 
 
+def data_path(store: str) -> str:
+    """The data file of a store (named in its manifest)."""
+    with open(os.path.join(store, "manifest.json"), "rb") as f:
+        return os.path.join(store, json.loads(f.read())["data_file"])
+
+
 def _store_td(value: float, n_leaves: int = 4, numel: int = 4096) -> Any:
     return tdfunc.TensorDict(
         {f"k{i}": torch.full((numel,), float(value)) for i in range(n_leaves)}, batch_size=[numel]
@@ -158,7 +164,7 @@ def root_checks(work: str) -> dict[str, Any]:
     }
     ro = os.path.join(work, "ro")
     save(_store_td(1.0), ro)
-    data_file = os.path.join(ro, "data.bin")
+    data_file = data_path(ro)
     with open(data_file, "rb") as f:
         before = f.read()
     for how in ("numpy", "from_numpy", "ctypes"):
@@ -246,7 +252,7 @@ def root_checks(work: str) -> dict[str, Any]:
 def permission_checks(store: str) -> dict[str, Any]:
     """Run without the right to write the store's files (uid 65534 or no CAP_DAC_OVERRIDE)."""
     out: dict[str, Any] = {"uid": os.getuid()}
-    data_file = os.path.join(store, "data.bin")
+    data_file = data_path(store)
     out["can_write_raw"] = os.access(data_file, os.W_OK)
 
     def attempt(fn: Callable[[], Any]) -> str:

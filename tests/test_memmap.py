@@ -51,6 +51,12 @@ def sample(seed: int = 0, n: int = 6) -> TensorDict:
     )
 
 
+def data_path(store: str | Path) -> Path:
+    """The data file of a store (its name, unique to each saved version, is in the manifest)."""
+    m = json.loads(Path(store, "manifest.json").read_text())
+    return Path(store, m["data_file"])
+
+
 def file_bytes(path: str | Path) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -391,7 +397,7 @@ def test_dataloader_workers_read_and_write_a_store(tmp_path):
         if mark:
             assert store["seen"].tolist() == [1.0] * n  # the workers' writes, via the file
             assert (
-                np.fromfile(tmp_path / "s" / "data.bin", dtype=np.float32)[-n:].tolist()
+                np.fromfile(data_path(tmp_path / "s"), dtype=np.float32)[-n:].tolist()
                 == [1.0] * n
             )
         else:
@@ -403,11 +409,13 @@ def test_save_load_round_trip(tmp_path):
     td = sample().set("empty", torch.zeros(6, 0)).set(("deep", "er", "x"), torch.ones(6, 2, 2))
     before = td.clone()
     save(td, tmp_path / "s")
-    assert sorted(os.listdir(tmp_path / "s")) == ["data.bin", "manifest.json"]
+    data_name = data_path(tmp_path / "s").name
+    assert data_name == "data.bin"
+    assert sorted(os.listdir(tmp_path / "s")) == [data_name, "manifest.json"]
     assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []
     umask = os.umask(0)
     os.umask(umask)
-    for entry, full in (("s", 0o777), ("s/data.bin", 0o666), ("s/manifest.json", 0o666)):
+    for entry, full in (("s", 0o777), (f"s/{data_name}", 0o666), ("s/manifest.json", 0o666)):
         assert os.stat(tmp_path / entry).st_mode & 0o777 == full & ~umask, entry  # not private
     for mode in ("r", "r+", "c"):
         back = load(tmp_path / "s", mode=mode)
@@ -416,7 +424,7 @@ def test_save_load_round_trip(tmp_path):
         assert list(back.keys(include_nested=True)) == list(td.keys(include_nested=True))
         for leaf in back.values(include_nested=True, leaves_only=True):
             assert isinstance(leaf, MemoryMappedTensor) and leaf.mode == mode
-            assert leaf.filename == str(tmp_path / "s" / "data.bin")
+            assert leaf.filename == str(data_path(tmp_path / "s"))
         assert_close(back, td)
     assert_close(td, before)
 
@@ -427,15 +435,16 @@ def test_manifest_layout(tmp_path):
     )
     save(td, tmp_path / "s")
     m = json.loads(file_bytes(tmp_path / "s" / "manifest.json"))
-    assert m["format"] == "tdfunc.memmap" and m["version"] == 1 and m["data_file"] == "data.bin"
+    assert m["format"] == "tdfunc.memmap" and m["version"] == 1
+    assert m["data_file"] == "data.bin" and re.fullmatch("[0-9a-f]{24}", m["store_id"])
     root = m["root"]
     assert root["type"] == "tdfunc.TensorDict" and root["batch_size"] == [3]
     assert root["device"] == "cpu"
     a, c = root["children"]["a"], root["children"]["b"]["children"]["c"]
     assert a == {"kind": "tensor", "dtype": "int8", "shape": [3], "offset": 0, "nbytes": 3}
     assert c["offset"] == 64 and c["nbytes"] == 24 and c["dtype"] == "float32"  # 64-byte aligned
-    assert m["data_bytes"] == 88 == os.path.getsize(tmp_path / "s" / "data.bin")
-    raw = np.fromfile(tmp_path / "s" / "data.bin", dtype=np.uint8)
+    assert m["data_bytes"] == 88 == os.path.getsize(data_path(tmp_path / "s"))
+    raw = np.fromfile(data_path(tmp_path / "s"), dtype=np.uint8)
     assert raw[3:64].tolist() == [0] * 61  # padding
     np.testing.assert_array_equal(raw[64:88].view(np.float32), np.ones(6, dtype=np.float32))
 
@@ -449,7 +458,7 @@ def test_device_none_and_empty_containers(tmp_path):
     save(nested_empty, tmp_path / "n")
     back = load(tmp_path / "n")
     assert back["a"].batch_size == (4,) and back.device == torch.device("cpu")
-    assert os.path.getsize(tmp_path / "e" / "data.bin") == 0
+    assert os.path.getsize(data_path(tmp_path / "e")) == 0
     # a store saved from an accelerator maps onto the host (memory maps live in host memory)
     m = json.loads(file_bytes(tmp_path / "n" / "manifest.json"))
     m["root"]["device"] = m["root"]["children"]["a"]["device"] = "cuda:0"
@@ -491,11 +500,11 @@ def test_overwrite(tmp_path):
     p = tmp_path / "s"
     save(sample(0), p)
     old = load(p)
-    before = file_bytes(p / "data.bin")
+    before = file_bytes(data_path(p))
     with pytest.raises(FileExistsError, match="pass overwrite=True") as ei:
         save(sample(1), p)
     assert str(p) in str(ei.value)
-    assert file_bytes(p / "data.bin") == before
+    assert file_bytes(data_path(p)) == before
     save(sample(1), p, overwrite=True)
     assert_close(load(p), sample(1))
     assert_close(old, sample(0))  # the old mapping stays valid: files are never rewritten
@@ -640,13 +649,14 @@ def test_load_rejects_broken_files(tmp_path):
     with pytest.raises(MemmapFormatError, match="not valid JSON"):
         load(p)
     p = _break(tmp_path, lambda m: None)
-    size = os.path.getsize(p / "data.bin")
-    with open(p / "data.bin", "r+b") as f:
+    data = data_path(p)
+    size = os.path.getsize(data)
+    with open(data, "r+b") as f:
         f.truncate(size - 1)
     with pytest.raises(MemmapFormatError, match=f"holds {size - 1} bytes, but manifest") as ei:
         load(p)
-    assert str(p / "data.bin") in str(ei.value)
-    os.unlink(p / "data.bin")
+    assert str(data) in str(ei.value)
+    os.unlink(data)
     with pytest.raises(FileNotFoundError, match="data file .* is missing"):
         load(p)
     with pytest.raises(ValueError, match=fmt(E.BAD_MODE)):
@@ -809,7 +819,7 @@ def write_step(td):
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_compiled_write_to_read_only_raises_from_the_first_call(tmp_path, backend):
     save(sample(), tmp_path / "s")
-    data = tmp_path / "s" / "data.bin"
+    data = data_path(tmp_path / "s")
     before = file_bytes(data)
     cnt = CompileCounterWithBackend(backend)
     f = torch.compile(write_step, backend=cnt, fullgraph=True)
@@ -842,7 +852,7 @@ def test_compiled_write_to_read_write_store_reaches_the_file(tmp_path, backend):
 @pytest.mark.slow
 def test_inductor_reads_writes_and_refuses(tmp_path):
     save(sample(), tmp_path / "s")
-    data = tmp_path / "s" / "data.bin"
+    data = data_path(tmp_path / "s")
 
     def step(td):
         td["next", "reward"].mul_(2)
@@ -952,7 +962,7 @@ def test_files_without_write_permission():
         for f in os.listdir(store):
             os.chmod(os.path.join(store, f), 0o444)
         os.chmod(store, 0o555)
-        before = file_bytes(os.path.join(store, "data.bin"))
+        before = file_bytes(data_path(store))
         rep, errors = None, []
         for label, how in _unprivileged_runs():
             prefix = how.pop("prefix", [])
@@ -979,7 +989,7 @@ def test_files_without_write_permission():
         assert rep["can_write_raw"] is False, rep
         assert rep["load_r"] == "ok: 12.0"
         assert rep["load_c"] == "ok: -5.0"
-        data = os.path.join(store, "data.bin")
+        data = str(data_path(store))
         for key in ("load_r+", "from_filename_r+"):
             assert re.match("PermissionError: " + fmt(E.NOT_WRITABLE), rep[key]), rep[key]
             assert data in rep[key]

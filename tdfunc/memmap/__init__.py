@@ -51,8 +51,16 @@ Example:
 
 from __future__ import annotations
 
-from ._errors import MemmapFormatError
+from ._errors import MemmapFormatError, StoreCleanupWarning, StoreReplacedError
 from ._store import load, memmap_like, save
 from ._tensor import MemoryMappedTensor
 
-__all__ = ["MemmapFormatError", "MemoryMappedTensor", "load", "memmap_like", "save"]
+__all__ = [
+    "MemmapFormatError",
+    "MemoryMappedTensor",
+    "StoreCleanupWarning",
+    "StoreReplacedError",
+    "load",
+    "memmap_like",
+    "save",
+]

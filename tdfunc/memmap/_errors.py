@@ -17,6 +17,23 @@ class MemmapFormatError(ValueError):
     """
 
 
+class StoreReplacedError(OSError):
+    """The store (or file) a leaf or a load refers to was replaced by another version: a
+    pickled leaf whose file is no longer the one its sender mapped, or a store that kept
+    being replaced while ``load`` was opening it.
+
+    Example:
+        >>> import tdfunc
+        >>> issubclass(tdfunc.memmap.StoreReplacedError, OSError)
+        True
+    """
+
+
+class StoreCleanupWarning(UserWarning):
+    """A save committed, but removing the previous version (or a stale temporary directory
+    of a killed save) failed; the directory named in the message can be deleted by hand."""
+
+
 READ_ONLY = (
     "cannot write to the memory-mapped file {filename!r} ({op}): it was opened read-only "
     "(mode='r'). Open it with mode='r+' to write to the file, or mode='c' to write to a "
@@ -30,6 +47,17 @@ BAD_MODE = "mode must be 'r' (read-only), 'r+' (read-write) or 'c' (copy-on-writ
 NOT_WRITABLE = (
     "cannot open {filename!r} with mode='r+': the file is not writable by this process "
     "({reason}). Use mode='r' to read it or mode='c' for a private writable copy"
+)
+NOT_READABLE = "cannot open {filename!r} for reading: {reason}"
+NOT_A_FILE = "{filename!r} is not a regular file"
+CANNOT_MAP = "cannot memory-map {filename!r}: {reason}"
+PICKLE_FILE_GONE = (
+    "cannot unpickle a memory-mapped leaf of {filename!r}: the file no longer exists (its "
+    "store was replaced or deleted after the leaf was pickled). Load the store again"
+)
+PICKLE_FILE_REPLACED = (
+    "cannot unpickle a memory-mapped leaf of {filename!r}: the file at that path is no longer "
+    "the one the leaf was pickled from (it was replaced). Load the store again"
 )
 FILE_EXISTS = "{filename!r} already exists; pass exist_ok=True to replace it"
 STORE_EXISTS = "{path!r} already exists; pass overwrite=True to replace it"
@@ -75,3 +103,16 @@ UNKNOWN_TYPE = (
 )
 UNKNOWN_DTYPE = "manifest {manifest!r}: unknown or unsupported dtype {dtype!r} at key {key}"
 PROGRESS_NEEDS_TQDM = "progress=True needs the optional dependency tqdm (pip install tqdm)"
+NO_STORE_ACCESS = "cannot open the store directory {path!r}: {reason}"
+STORE_BUSY = (
+    "the store {path!r} was replaced {attempts} times while it was being opened; "
+    "try again when the writers pause"
+)
+MEMBER_LINK = (
+    "manifest {manifest!r} names {name!r}, which is a symbolic link or not a regular file; "
+    "a store's files must be regular files inside the store directory"
+)
+CLEANUP_FAILED = (
+    "the save to {path!r} committed, but the temporary directory {tmp!r} could not be "
+    "removed ({reason}); delete it by hand"
+)

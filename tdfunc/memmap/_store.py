@@ -93,6 +93,7 @@ FORMAT = "tdfunc.memmap"
 VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 MANIFEST = "manifest.json"
+DATA = "data.bin"
 ALIGN = 64
 #: how often ``load`` reopens a store that was replaced while it was being opened
 OPEN_ATTEMPTS = 50
@@ -152,7 +153,7 @@ def _static_to_json(node: Node, name: str, value: Any) -> Any:
 def _describe(node: Node, prefix: KeyPath, layout: _Layout) -> dict[str, Any]:
     children: dict[str, Any] = {}
     for k, v in zip(node._tdf_keys(), node._tdf_children()):
-        path = prefix + (k,)
+        path = (*prefix, k)
         if v is None:
             children[k] = {"kind": "none"}
         elif isinstance(v, Tensor):
@@ -182,7 +183,7 @@ def _plan(node: Any) -> tuple[dict[str, Any], _Layout]:
         "format": FORMAT,
         "version": VERSION,
         "store_id": store_id,
-        "data_file": f"data-{store_id}.bin",
+        "data_file": DATA,
         "data_bytes": layout.total,
         "alignment": ALIGN,
         "root": root,
@@ -320,7 +321,7 @@ def _remove_stale(parent: str, name: str, path: str) -> None:
     except OSError:
         return
     for entry in entries:
-        if not (entry.startswith(saving) or entry.startswith(old)):
+        if not (entry.startswith((saving, old))):
             continue
         if entry.startswith(old) and not os.path.isfile(os.path.join(path, MANIFEST)):
             continue
@@ -517,7 +518,7 @@ class _Reader:
         data_path: str,
         data_bytes: int,
         mode: str,
-        ident: tuple[int, int],
+        ident: tuple[Any, ...],
     ) -> None:
         self.manifest = manifest_path
         self.base = base
@@ -614,7 +615,7 @@ class _Reader:
         static = self.static(entry, path)
         kids: dict[str, Any] = {}
         for k, sub in self.field(entry, "children", dict, path).items():
-            sub_path = path + (k,)
+            sub_path = (*path, k)
             kind = self.field(sub, "kind", str, sub_path)
             if kind == "none":
                 kid = None
@@ -827,7 +828,8 @@ def _open_version(path: str, mode: str) -> Any:
             base = map_fd(fd, data_path, mode, data_bytes)
         finally:
             os.close(fd)
-        return manifest_path, manifest, base, data_path, data_bytes, (st.st_dev, st.st_ino)
+        ident = (st.st_dev, st.st_ino, manifest.get("store_id"))
+        return manifest_path, manifest, base, data_path, data_bytes, ident
     finally:
         os.close(dfd)
 

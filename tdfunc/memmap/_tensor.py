@@ -64,10 +64,15 @@ exact: ``(filename, mode, offset, nbytes, dtype, shape, stride, storage offset)`
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
+import json
+import mmap
 import os
 import secrets
+import stat
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -192,12 +197,9 @@ def _op_info(func: Any) -> tuple[tuple[tuple[int, str], ...], tuple[tuple[int, i
             rets.append((_PLAIN, -1, ""))
             continue
         sets = frozenset(info.before_set)
-        if sets:
-            src = next(((i, n) for s, i, n in alias_of if s & sets), None)
-        else:
-            # ``Tensor(a)[]`` returns (unbind, split, chunk...) do not expose their alias set:
-            # the source is the argument annotated ``Tensor(a -> *)``
-            src = wild
+        # ``Tensor(a)[]`` returns (unbind, split, chunk...) do not expose their alias set:
+        # the source is the argument annotated ``Tensor(a -> *)``
+        src = next(((i, n) for s, i, n in alias_of if s & sets), None) if sets else wild
         if src is None:
             rets.append((_PLAIN, -1, ""))
         else:
@@ -228,7 +230,7 @@ def _refuse_if_read_only(value: Any, func: Any) -> None:
 
 def _rewrap(out: Any, src: MemoryMappedTensor) -> Any:
     if isinstance(out, Tensor):
-        return MemoryMappedTensor._wrap(out, src._filename, src._mode, src._offset)
+        return MemoryMappedTensor._wrap(out, src._filename, src._mode, src._offset, src._ident)
     if isinstance(out, (list, tuple)):
         return type(out)(_rewrap(o, src) for o in out)
     return out
@@ -273,11 +275,13 @@ class MemoryMappedTensor(Tensor):
         refused
     """
 
-    __slots__ = ("_inner", "_filename", "_mode", "_offset")
+    __slots__ = ("_filename", "_ident", "_inner", "_mode", "_offset", "_storage")
     _inner: Tensor
     _filename: str
     _mode: str
     _offset: int
+    _ident: tuple[Any, ...] | None
+    _storage: torch.UntypedStorage | None
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -285,9 +289,16 @@ class MemoryMappedTensor(Tensor):
         raise TypeError(E.NO_CONSTRUCTOR)
 
     @staticmethod
-    def _wrap(inner: Tensor, filename: str, mode: str, offset: int) -> MemoryMappedTensor:
+    def _wrap(
+        inner: Tensor,
+        filename: str,
+        mode: str,
+        offset: int,
+        ident: tuple[Any, ...] | None = None,
+    ) -> MemoryMappedTensor:
         """Trusted constructor: wrap a plain tensor whose storage maps the bytes of
-        ``filename`` that start at ``offset``."""
+        ``filename`` that start at ``offset``; ``ident`` is the mapped file's
+        ``(device, inode)`` (``None``: looked up when pickled)."""
         r = Tensor._make_wrapper_subclass(
             MemoryMappedTensor,
             inner.shape,
@@ -302,6 +313,8 @@ class MemoryMappedTensor(Tensor):
         r._filename = filename
         r._mode = mode
         r._offset = offset
+        r._ident = ident
+        r._storage = None
         return r
 
     # ------------------------------------------------------------------ attributes
@@ -368,19 +381,87 @@ class MemoryMappedTensor(Tensor):
         """The data as nested Python lists."""
         return self._inner.tolist()
 
+    # A wrapper subclass has no data of its own: torch's storage-level methods would see an
+    # empty placeholder (``data_ptr() == 0``; writing into it crashed the process). They are
+    # answered from the mapped tensor instead, with the mode enforced.
+    def data_ptr(self) -> int:
+        """Address of the first element in the mapping (reading through it is outside the
+        mode checks; writing through a raw pointer is outside the contract)."""
+        return self._inner.data_ptr()
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """The mapped bytes under this leaf as a storage; writes through it reach the file in
+        ``"r+"``, memory only in ``"c"``, and raise ``PermissionError`` in ``"r"``.
+
+        It is a storage object of the leaf's own (made once, aliasing the inner tensor's
+        storage): the compile machinery records storages by identity, and the leaf must not
+        look like the same tensor as its inner tensor.
+        """
+        if self._storage is None:
+            t = self._inner
+            if (
+                type(t) is not Tensor
+                or torch._is_functional_tensor(t)
+                or torch._C._functorch.is_functorch_wrapped_tensor(t)
+            ):  # a fake / functional leaf made while tracing: it has no memory to alias
+                return Tensor.untyped_storage(self)
+            inner = t.untyped_storage()
+            s = inner[0 : inner.nbytes()]
+            if self._mode == "r":
+                s.__class__ = ReadOnlyStorage
+                s._tdf_filename = self._filename  # type: ignore[attr-defined]
+            self._storage = s
+        return self._storage
+
+    def _typed_storage(self) -> torch.TypedStorage:
+        s = torch.TypedStorage(
+            wrap_storage=self.untyped_storage(), dtype=self.dtype, _internal=True
+        )
+        if self._mode == "r":
+            s.__class__ = ReadOnlyTypedStorage
+        return s
+
+    def is_shared(self) -> bool:
+        """``True`` for ``"r+"`` (a shared mapping of the file); private otherwise."""
+        return self._mode == "r+"
+
+    def share_memory_(self) -> MemoryMappedTensor:
+        """A no-op: a memory-mapped leaf goes to other processes by file reference."""
+        return self
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        """DLPack export of the mapped memory; of a ``"r"`` leaf only a copy
+        (``copy=True``), since the consumer could write into it (``PermissionError``)."""
+        if self._mode == "r":
+            if kwargs.get("copy") is True:
+                kwargs["copy"] = None
+                return self._inner.clone().__dlpack__(*args, **kwargs)
+            raise PermissionError(
+                E.READ_ONLY.format(filename=self._filename, op="__dlpack__ (zero-copy export)")
+            )
+        return self._inner.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._inner.__dlpack_device__()
+
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, tuple[Any, ...]]:
         inner = self._inner
+        nbytes = inner.untyped_storage().nbytes()
+        ident = self._ident
+        if ident is None and nbytes:
+            ident = mapped_identity(inner)
         return (
             _rebuild,
             (
                 self._filename,
                 self._mode,
                 self._offset,
-                inner.untyped_storage().nbytes(),
+                nbytes,
                 dtype_name(inner.dtype),
                 tuple(inner.shape),
                 tuple(inner.stride()),
                 inner.storage_offset(),
+                ident,
             ),
         )
 
@@ -421,20 +502,27 @@ class MemoryMappedTensor(Tensor):
                 E.BAD_OFFSET.format(itemsize=dtype.itemsize, dtype=dtype, offset=offset)
             )
         need = offset + nbytes_of(shape, dtype)
-        size = os.stat(fname).st_size
-        if size < need:
-            raise ValueError(
-                E.FILE_TOO_SHORT.format(
-                    filename=fname,
-                    size=size,
-                    need=need,
-                    shape=tuple(shape),
-                    dtype=dtype,
-                    offset=offset,
+        fd = open_fd(fname, mode)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(E.NOT_A_FILE.format(filename=fname))
+            if st.st_size < need:
+                raise ValueError(
+                    E.FILE_TOO_SHORT.format(
+                        filename=fname,
+                        size=st.st_size,
+                        need=need,
+                        shape=tuple(shape),
+                        dtype=dtype,
+                        offset=offset,
+                    )
                 )
-            )
-        inner = leaf_tensor(map_file(fname, mode, size), offset, dtype, shape)
-        return cls._wrap(inner, fname, mode, offset)
+            base = map_fd(fd, fname, mode, need)
+        finally:
+            os.close(fd)
+        inner = leaf_tensor(base, offset, dtype, shape, mode, fname)
+        return cls._wrap(inner, fname, mode, offset, (st.st_dev, st.st_ino))
 
     @classmethod
     def from_tensor(
@@ -526,55 +614,164 @@ def _rebuild(
     shape: tuple[int, ...],
     stride: tuple[int, ...],
     storage_offset: int,
+    ident: tuple[Any, ...] | None = None,
 ) -> MemoryMappedTensor:
-    """Unpickle a leaf: map the file again (no data travelled)."""
+    """Unpickle a leaf: map the file again (no data travelled), after checking that the file
+    at ``filename`` is still the one the sender mapped (``StoreReplacedError`` otherwise)."""
     dt = DTYPES[dtype]
     check_mode(mode)
-    size = os.stat(filename).st_size
-    if size < offset + nbytes:
-        raise ValueError(
-            E.FILE_TOO_SHORT.format(
-                filename=filename,
-                size=size,
-                need=offset + nbytes,
-                shape=shape,
-                dtype=dt,
-                offset=offset,
-            )
+    if nbytes == 0:
+        inner = torch.empty(0, dtype=dt).set_(
+            torch.UntypedStorage(0), storage_offset, shape, stride
         )
-    storage = map_file(filename, mode, size)[offset : offset + nbytes]
-    inner = torch.empty(0, dtype=dt).set_(storage, storage_offset, shape, stride)
-    return MemoryMappedTensor._wrap(inner, filename, mode, offset)
-
-
-# --------------------------------------------------------------------------------------
-# files: mapping, writing, atomic creation
-# --------------------------------------------------------------------------------------
-def check_writable(filename: str) -> None:
-    """``PermissionError`` naming ``filename`` when this process cannot open it for writing."""
+        return MemoryMappedTensor._wrap(protect(inner, mode, filename), filename, mode, offset)
     try:
-        fd = os.open(filename, os.O_RDWR)
-    except PermissionError as e:
-        raise PermissionError(E.NOT_WRITABLE.format(filename=filename, reason=e.strerror)) from e
-    os.close(fd)
+        fd = open_fd(filename, mode)
+    except FileNotFoundError:
+        raise E.StoreReplacedError(E.PICKLE_FILE_GONE.format(filename=filename)) from None
+    try:
+        st = os.fstat(fd)
+        if ident is not None and (
+            (st.st_dev, st.st_ino) != tuple(ident[:2])
+            or (len(ident) > 2 and _store_id_at(filename) != ident[2])
+        ):
+            raise E.StoreReplacedError(E.PICKLE_FILE_REPLACED.format(filename=filename))
+        if not stat.S_ISREG(st.st_mode) or st.st_size < offset + nbytes:
+            raise ValueError(
+                E.FILE_TOO_SHORT.format(
+                    filename=filename,
+                    size=st.st_size,
+                    need=offset + nbytes,
+                    shape=shape,
+                    dtype=dt,
+                    offset=offset,
+                )
+            )
+        storage = map_fd(fd, filename, mode, offset + nbytes)[offset : offset + nbytes]
+    finally:
+        os.close(fd)
+    ident = (st.st_dev, st.st_ino, *tuple(ident[2:] if ident is not None else ()))
+    inner = torch.empty(0, dtype=dt).set_(storage, storage_offset, shape, stride)
+    return MemoryMappedTensor._wrap(protect(inner, mode, filename), filename, mode, offset, ident)
 
 
-def map_file(filename: str, mode: str, size: int) -> torch.UntypedStorage:
-    """The first ``size`` bytes of ``filename`` as one storage (a lazy mapping).
+def _store_id_at(data_file: str) -> Any:
+    """The ``store_id`` in the manifest next to ``data_file`` (``None`` if unreadable)."""
+    try:
+        with open(os.path.join(os.path.dirname(data_file), "manifest.json"), "rb") as f:
+            return json.loads(f.read()).get("store_id")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
 
-    ``"r+"`` maps shared (writes reach the file); ``"r"`` and ``"c"`` map privately
-    (copy-on-write) from a read-only descriptor. The caller checked the file size.
+
+# --------------------------------------------------------------------------------------
+# files: opening, mapping
+# --------------------------------------------------------------------------------------
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+#: not accounted against the commit limit of Linux's default (heuristic) overcommit policy, so a
+#: private mapping of a file larger than RAM + swap is not refused
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class _Mapping:
+    """One ``mmap`` of a file, unmapped when the last tensor over it is freed.
+
+    numpy's array interface turns it into an array whose ``base`` is this object; the tensor
+    made from that array keeps the array (hence the mapping) alive.
     """
-    shared = mode == "r+"
-    if shared:
-        check_writable(filename)
+
+    __slots__ = ("addr", "size")
+
+    def __init__(self, addr: int, size: int) -> None:
+        self.addr = addr
+        self.size = size
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        return {"shape": (self.size,), "typestr": "|u1", "data": (self.addr, False), "version": 3}
+
+    def __del__(self) -> None:
+        _libc.munmap(self.addr, self.size)
+
+
+def open_fd(filename: str, mode: str, *, dir_fd: int | None = None, follow: bool = True) -> int:
+    """A descriptor of ``filename`` opened for ``mode`` (read-write only for ``"r+"``).
+
+    ``PermissionError`` names the file; with ``follow=False`` a symbolic link is refused
+    (``IsADirectoryError``/``OSError`` with ``errno.ELOOP``; the caller turns it into its own
+    error). ``O_NONBLOCK`` keeps a FIFO from blocking the open; the caller checks the kind.
+    """
+    flags = (os.O_RDWR if mode == "r+" else os.O_RDONLY) | _O_CLOEXEC | os.O_NONBLOCK
+    if not follow:
+        flags |= os.O_NOFOLLOW
+    try:
+        return os.open(filename, flags, dir_fd=dir_fd)
+    except PermissionError as e:
+        if mode == "r+":
+            raise PermissionError(
+                e.errno, E.NOT_WRITABLE.format(filename=filename, reason=e.strerror)
+            ) from None
+        raise PermissionError(
+            e.errno, E.NOT_READABLE.format(filename=filename, reason=e.strerror)
+        ) from None
+
+
+def map_fd(fd: int, filename: str, mode: str, size: int) -> torch.UntypedStorage:
+    """The first ``size`` bytes of the open file ``fd`` as one storage (a lazy mapping).
+
+    ``"r+"`` maps shared (writes reach the file). ``"r"`` and ``"c"`` map privately
+    (copy-on-write) with ``MAP_NORESERVE`` from a read-only descriptor: writable pages, so
+    nothing that bypasses tensor methods can crash, and no commit charge, so a file larger
+    than RAM + swap maps under the default overcommit policy. The caller checked the size;
+    the descriptor may be closed afterwards.
+    """
     if size == 0:
         return torch.UntypedStorage(0)
-    return torch.UntypedStorage.from_file(filename, shared, size)
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    flags = mmap.MAP_SHARED if mode == "r+" else mmap.MAP_PRIVATE | MAP_NORESERVE
+    addr = _libc.mmap(None, size, prot, flags, fd, 0)
+    if addr is None or addr == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, E.CANNOT_MAP.format(filename=filename, reason=os.strerror(err)))
+    return torch.from_numpy(np.asarray(_Mapping(addr, size))).untyped_storage()
+
+
+def identity(fd: int) -> tuple[int, int]:
+    """``(device, inode)`` of an open file: what a pickled leaf checks when it is mapped again."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def protect(t: Tensor, mode: str, filename: str) -> Tensor:
+    """Mark the storage of a read-only leaf's tensor so that its own write methods refuse."""
+    if mode == "r":
+        s = t.untyped_storage()
+        if type(s) is torch.UntypedStorage:
+            s.__class__ = ReadOnlyStorage
+            s._tdf_filename = filename  # type: ignore[attr-defined]
+    return t
 
 
 def leaf_tensor(
-    storage: torch.UntypedStorage, offset: int, dtype: torch.dtype, shape: torch.Size
+    storage: torch.UntypedStorage,
+    offset: int,
+    dtype: torch.dtype,
+    shape: torch.Size,
+    mode: str = "r+",
+    filename: str = "",
 ) -> Tensor:
     """A contiguous tensor over bytes ``[offset, offset + nbytes)`` of a file's storage.
 
@@ -584,8 +781,96 @@ def leaf_tensor(
     """
     n = nbytes_of(shape, dtype)
     if n == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.empty(0, dtype=dtype).set_(storage[offset : offset + n], 0, shape)
+        return protect(torch.empty(shape, dtype=dtype), mode, filename)
+    t = torch.empty(0, dtype=dtype).set_(storage[offset : offset + n], 0, shape)
+    return protect(t, mode, filename)
+
+
+def _refuse_storage(s: Any, op: str) -> PermissionError:
+    return PermissionError(
+        E.READ_ONLY.format(filename=getattr(s, "_tdf_filename", "?"), op=f"storage {op}")
+    )
+
+
+class ReadOnlyStorage(torch.UntypedStorage):
+    """The storage of a read-only leaf: reads work; every method that writes raises
+    ``PermissionError`` naming the file (``share_memory_`` is a no-op: the data is shared by
+    file reference)."""
+
+    def copy_(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self, "copy_")
+
+    def fill_(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self, "fill_")
+
+    def zero_(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self, "zero_")
+
+    def __setitem__(self, *args: Any, **kwargs: Any) -> None:
+        raise _refuse_storage(self, "__setitem__")
+
+    def resize_(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self, "resize_")
+
+    def byteswap(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self, "byteswap")
+
+    def _set_from_file(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self, "_set_from_file")
+
+    def _share_fd_cpu_(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self, "_share_fd_cpu_")
+
+    def _share_filename_cpu_(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self, "_share_filename_cpu_")
+
+    def share_memory_(self) -> Any:
+        return self
+
+
+class ReadOnlyTypedStorage(torch.TypedStorage):
+    """``leaf.storage()`` of a read-only leaf: reads work, writes raise ``PermissionError``."""
+
+    def copy_(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self._untyped_storage, "copy_")
+
+    def fill_(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self._untyped_storage, "fill_")
+
+    def zero_(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self._untyped_storage, "zero_")
+
+    def __setitem__(self, *args: Any, **kwargs: Any) -> None:
+        raise _refuse_storage(self._untyped_storage, "__setitem__")
+
+    def resize_(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self._untyped_storage, "resize_")
+
+    def byteswap(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse_storage(self._untyped_storage, "byteswap")
+
+    def share_memory_(self) -> Any:
+        return self
+
+
+def mapped_identity(t: Tensor) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file mapped at ``t``'s data pointer, from ``/proc/self/maps``
+    (for leaves rebuilt by a compiled function, which carry no identity); ``None`` if unknown."""
+    ptr = t.data_ptr()
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            for line in f:
+                parts = line.split()
+                lo, _, hi = parts[0].partition(b"-")
+                if int(lo, 16) <= ptr < int(hi, 16) and len(parts) >= 5:
+                    major, _, minor = parts[3].partition(b":")
+                    ino = int(parts[4])
+                    if ino == 0:
+                        return None
+                    return os.makedev(int(major, 16), int(minor, 16)), ino
+    except OSError:
+        return None
+    return None
 
 
 def check_leaf(t: Tensor, key: str) -> None:
