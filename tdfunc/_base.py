@@ -333,11 +333,20 @@ class TensorTree(Node):
     def __and__(self: T, other: Any) -> T:
         return _binop(operator.and_, self, other)
 
+    def __rand__(self: T, other: Any) -> T:
+        return _binop(operator.and_, other, self)
+
     def __or__(self: T, other: Any) -> T:
         return _binop(operator.or_, self, other)
 
+    def __ror__(self: T, other: Any) -> T:
+        return _binop(operator.or_, other, self)
+
     def __xor__(self: T, other: Any) -> T:
         return _binop(operator.xor, self, other)
+
+    def __rxor__(self: T, other: Any) -> T:
+        return _binop(operator.xor, other, self)
 
     def __eq__(self: T, other: Any) -> T:  # type: ignore[override]
         return _binop(operator.eq, self, other)
@@ -369,6 +378,19 @@ class TensorTree(Node):
     def abs(self: T) -> T:
         """Elementwise absolute value."""
         return ops.unary(torch.abs, self)
+
+    def bitwise_not(self: T) -> T:
+        """Elementwise ``~`` (bitwise not; logical not for bool leaves).
+
+        Same as ``~td``, and also traceable by ``torch.compile(fullgraph=True)``, which does not
+        trace the ``~`` operator on non-tensor objects.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> tdfunc.TensorDict(m=torch.tensor([True, False])).bitwise_not()["m"].tolist()
+            [False, True]
+        """
+        return ops.unary(torch.bitwise_not, self)
 
     # ---------------------------------------------------------------- reductions
     def sum(self: T, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> T:
@@ -459,10 +481,10 @@ _TORCH_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.split: _split,
     torch.chunk: lambda x, chunks, dim=0: ops.chunk(x, chunks, dim),
     torch.clone: lambda x, **kw: ops.clone(x),
-    torch.zeros_like: lambda x, dtype=None, **kw: ops.zeros_like(x, dtype),
-    torch.ones_like: lambda x, dtype=None, **kw: ops.ones_like(x, dtype),
-    torch.empty_like: lambda x, dtype=None, **kw: ops.empty_like(x, dtype),
-    torch.full_like: lambda x, fill_value, dtype=None, **kw: ops.full_like(x, fill_value, dtype),
+    torch.zeros_like: ops.zeros_like,
+    torch.ones_like: ops.ones_like,
+    torch.empty_like: ops.empty_like,
+    torch.full_like: ops.full_like,
     torch.reshape: lambda x, shape: ops.reshape(x, shape),
     torch.permute: lambda x, dims: ops.permute(x, dims),
     torch.transpose: lambda x, dim0, dim1: ops.transpose(x, dim0, dim1),
@@ -481,6 +503,8 @@ _TORCH_FUNCTIONS: dict[Any, Callable[..., Any]] = {
 _ELEMENTWISE = frozenset(
     """add sub mul div true_divide floor_divide remainder pow eq ne lt le gt ge maximum minimum
     rsub neg abs exp log sqrt sigmoid tanh relu sin cos where clamp lerp
+    bitwise_and bitwise_or bitwise_xor bitwise_not logical_and logical_or logical_xor logical_not
+    __rdiv__ __div__ __invert__
     __add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__
     __rfloordiv__ __mod__ __rmod__ __pow__ __rpow__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__
     __and__ __rand__ __or__ __ror__ __xor__ __rxor__ __neg__ __abs__""".split()

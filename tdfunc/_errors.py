@@ -61,3 +61,10 @@ class KeysDifferError(StructureError, KeyError):
 
 class NodeTypesDifferError(StructureError, TypeError):
     """Same keys, but the node types or static fields differ (also a ``TypeError``)."""
+
+
+BATCH_SIZE_TYPE = (
+    "batch_size must be an int or a sequence of ints, got {value!r} (an element of type {typ})"
+)
+BATCH_SIZE_NEGATIVE = "batch_size must not have negative sizes, got {value}"
+BATCH_DIMS = "from_dict: batch_dims must be an int >= 0, got {value!r}"

@@ -110,7 +110,9 @@ def get_path(node: Any, path: KeyPath, default: Any = MISSING) -> Any:
         if not isinstance(cur, Node):
             if default is not MISSING:
                 return default
-            raise KeyError(E.NOT_A_NODE.format(key=path[:i], kind=type(cur).__name__, rest=path[i:]))
+            raise KeyError(
+                E.NOT_A_NODE.format(key=path[:i], kind=type(cur).__name__, rest=path[i:])
+            )
         v = cur._tdf_get(k, MISSING)
         if v is MISSING:
             if default is not MISSING:
@@ -210,7 +212,9 @@ def select(node: Any, paths: Any, strict: bool = True) -> Any:
             items.append((k, v))
         elif k in nested:
             if not isinstance(v, Node):
-                raise KeyError(E.NOT_A_NODE.format(key=(k,), kind=type(v).__name__, rest=nested[k][0]))
+                raise KeyError(
+                    E.NOT_A_NODE.format(key=(k,), kind=type(v).__name__, rest=nested[k][0])
+                )
             items.append((k, select(v, nested[k], strict)))
     return node._tdf_with_items(items)
 

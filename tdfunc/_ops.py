@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch._prims_common import infer_size
 
 from . import _errors as E
 from ._keys import KeyPath, fmt_key
@@ -92,7 +93,9 @@ def check_same_structure(a: Any, b: Any, what: str) -> None:
     extra = [k[0] if len(k) == 1 else k for k in kb if k not in sa]
     if missing or extra:
         raise E.KeysDifferError(E.STRUCTURE.format(what=what, missing=missing, extra=extra))
-    raise E.NodeTypesDifferError(E.STRUCTURE_TYPES.format(what=what, a=_type_tree(a), b=_type_tree(b)))
+    raise E.NodeTypesDifferError(
+        E.STRUCTURE_TYPES.format(what=what, a=_type_tree(a), b=_type_tree(b))
+    )
 
 
 def _key_set(node: Node, prefix: KeyPath) -> list[KeyPath]:
@@ -106,7 +109,9 @@ def _key_set(node: Node, prefix: KeyPath) -> list[KeyPath]:
 
 def _type_tree(node: Node) -> str:
     inner = [
-        f"{k}: {_type_tree(v)}" if isinstance(v, Node) else f"{k}: {'None' if v is None else 'leaf'}"
+        f"{k}: {_type_tree(v)}"
+        if isinstance(v, Node)
+        else f"{k}: {'None' if v is None else 'leaf'}"
         for k, v in zip(node._tdf_keys(), node._tdf_children())
     ]
     static = node._tdf_static()
@@ -151,7 +156,9 @@ def _check_node(
         if isinstance(v, Tensor):
             x = next(it)
             if not isinstance(x, Tensor):
-                raise TypeError(E.NOT_A_TENSOR.format(what=what, key=fmt_key(path), typ=type(x).__name__))
+                raise TypeError(
+                    E.NOT_A_TENSOR.format(what=what, key=fmt_key(path), typ=type(x).__name__)
+                )
             if x.shape[:bd] != batch_size:
                 raise ValueError(
                     E.LEAF_SHAPE.format(
@@ -161,7 +168,6 @@ def _check_node(
                 )
         elif v is not None:
             _check_node(v, it, batch_size + v._batch_size[old_bd:], path, what)
-
 
 
 # --------------------------------------------------------------------------------------
@@ -226,7 +232,18 @@ def index(node: Any, idx: Any) -> Any:
 
 
 def index_update(node: Any, idx: Any, value: Any, op: str = "set") -> Any:
-    """Out-of-place ``node[idx] = value`` (``op="set"``) or ``+= value`` (``op="add"``)."""
+    """Out-of-place ``node[idx] = value`` (``op="set"``) or ``+= value`` (``op="add"``).
+
+    ``"add"`` accumulates repeated indices like JAX's ``x.at[idx].add(v)``
+    (``index_add``): ``at[[0, 0]].add(1)`` adds 2 to row 0. ``"set"`` with repeated
+    indices keeps one of the written values (which one is unspecified, as in JAX).
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(3), batch_size=[3])
+        >>> td.at[[0, 0, 2]].add(1.0)["a"].tolist()
+        [2.0, 0.0, 1.0]
+    """
     parts = normalize_index(idx, node._batch_size)
     ls = leaves(node)
     if is_node(value):
@@ -235,14 +252,23 @@ def index_update(node: Any, idx: Any, value: Any, op: str = "set") -> Any:
     else:
         value = as_operand(value)
         vs = [value] * len(ls)
+    if op == "set":
+        out = []
+        for x, v in zip(ls, vs):
+            y = x.clone()
+            y[parts] = v
+            out.append(y)
+        return map_leaves(node, out)
+    bs = node._batch_size
+    # flat batch positions selected by the index, repeats included
+    sel = torch.arange(math.prod(bs), device=ls[0].device if ls else None).reshape(bs)[parts]
+    pos = sel.reshape(-1)
     out = []
     for x, v in zip(ls, vs):
-        y = x.clone()
-        if op == "set":
-            y[parts] = v
-        else:
-            y[parts] = y[parts] + v
-        out.append(y)
+        feat = x.shape[len(bs) :]
+        src = torch.as_tensor(v, dtype=x.dtype, device=x.device).broadcast_to(sel.shape + feat)
+        flat = x.reshape(-1, *feat).index_add(0, pos, src.reshape(-1, *feat))
+        out.append(flat.reshape(x.shape))
     return map_leaves(node, out)
 
 
@@ -294,11 +320,10 @@ def _shape_arg(shape: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(shape)
 
 
-def _infer_shape(shape: tuple[Any, ...], numel: Any) -> tuple[Any, ...]:
-    if -1 not in shape:
-        return shape
-    known = math.prod([s for s in shape if s != -1])
-    return tuple(numel // known if s == -1 else s for s in shape)
+def _infer_shape(shape: tuple[Any, ...], numel: int) -> tuple[int, ...]:
+    """The batch shape ``shape`` (one ``-1`` allowed) for ``numel`` elements, with torch's own
+    rules and errors (``RuntimeError``), so batch shape ops behave like a plain tensor's."""
+    return tuple(infer_size(shape, numel))
 
 
 def reshape(node: Any, *shape: Any) -> Any:
@@ -624,30 +649,40 @@ def contiguous(node: Any) -> Any:
     return map_leaves(node, [x.contiguous() for x in leaves(node)])
 
 
-def zeros_like(node: Any, dtype: torch.dtype | None = None) -> Any:
-    """Same structure, leaves filled with 0.
+def _like(
+    node: Any, fn: Callable[..., Tensor], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``fn(leaf, *args, **kwargs)`` on every leaf (``dtype``, ``device``, ``layout``,
+    ``requires_grad``, ``memory_format`` are passed on); a ``device`` sets the result's."""
+    out = [fn(x, *args, **kwargs) for x in leaves(node)]
+    device = kwargs.get("device")
+    return map_leaves(node, out, None, node._device if device is None else torch.device(device))
+
+
+def zeros_like(node: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> Any:
+    """Same structure, leaves filled with 0 (keyword arguments as ``torch.zeros_like``).
 
     Example:
         >>> import torch, tdfunc
         >>> tdfunc.zeros_like(tdfunc.TensorDict(a=torch.ones(2)))["a"].tolist()
         [0.0, 0.0]
     """
-    return map_leaves(node, [torch.zeros_like(x, dtype=dtype) for x in leaves(node)])
+    return _like(node, torch.zeros_like, (), {"dtype": dtype, **kwargs})
 
 
-def ones_like(node: Any, dtype: torch.dtype | None = None) -> Any:
-    """Same structure, leaves filled with 1."""
-    return map_leaves(node, [torch.ones_like(x, dtype=dtype) for x in leaves(node)])
+def ones_like(node: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> Any:
+    """Same structure, leaves filled with 1 (keyword arguments as ``torch.ones_like``)."""
+    return _like(node, torch.ones_like, (), {"dtype": dtype, **kwargs})
 
 
-def empty_like(node: Any, dtype: torch.dtype | None = None) -> Any:
-    """Same structure, uninitialised leaves."""
-    return map_leaves(node, [torch.empty_like(x, dtype=dtype) for x in leaves(node)])
+def empty_like(node: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> Any:
+    """Same structure, uninitialised leaves (keyword arguments as ``torch.empty_like``)."""
+    return _like(node, torch.empty_like, (), {"dtype": dtype, **kwargs})
 
 
-def full_like(node: Any, fill_value: Any, dtype: torch.dtype | None = None) -> Any:
-    """Same structure, leaves filled with ``fill_value``."""
-    return map_leaves(node, [torch.full_like(x, fill_value, dtype=dtype) for x in leaves(node)])
+def full_like(node: Any, fill_value: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> Any:
+    """Same structure, leaves filled with ``fill_value`` (keywords as ``torch.full_like``)."""
+    return _like(node, torch.full_like, (fill_value,), {"dtype": dtype, **kwargs})
 
 
 _ALIGN = 16

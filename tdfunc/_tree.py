@@ -27,6 +27,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
+from . import _errors as E
+
 Key = str | tuple[str, ...]
 KeyPath = tuple[str, ...]
 
@@ -117,6 +119,30 @@ def is_node(x: Any) -> bool:
         (True, False)
     """
     return isinstance(x, Node)
+
+
+def as_batch_size(batch_size: Any) -> torch.Size:
+    """A user's ``batch_size`` as a ``torch.Size``: ``None``, an int, or a sequence of ints >= 0.
+
+    ``TypeError`` for anything but ints (``True`` is not a size), ``ValueError`` for a
+    negative size.
+
+    Example:
+        >>> as_batch_size([2, 3]), as_batch_size(4), as_batch_size(None)
+        (torch.Size([2, 3]), torch.Size([4]), torch.Size([]))
+    """
+    if batch_size is None:
+        return torch.Size(())
+    if isinstance(batch_size, (int, torch.SymInt)) and not isinstance(batch_size, bool):
+        batch_size = (batch_size,)
+    elif not isinstance(batch_size, (tuple, list, torch.Size)):
+        raise TypeError(E.BATCH_SIZE_TYPE.format(value=batch_size, typ=type(batch_size).__name__))
+    for s in batch_size:
+        if isinstance(s, bool) or not isinstance(s, (int, torch.SymInt)):
+            raise TypeError(E.BATCH_SIZE_TYPE.format(value=batch_size, typ=type(s).__name__))
+        if isinstance(s, int) and s < 0:
+            raise ValueError(E.BATCH_SIZE_NEGATIVE.format(value=tuple(batch_size)))
+    return batch_size if isinstance(batch_size, torch.Size) else torch.Size(batch_size)
 
 
 # --------------------------------------------------------------------------------------
@@ -320,7 +346,9 @@ def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
     return torch.Size(empty if empty is not None else ())
 
 
-def _follow_parent(children: Sequence[Any], ndims: Sequence[int], bd: int, bs: torch.Size) -> list[Any]:
+def _follow_parent(
+    children: Sequence[Any], ndims: Sequence[int], bd: int, bs: torch.Size
+) -> list[Any]:
     """Children that are nodes without tensor leaves take the parent's batch size ``bs``
     followed by their own extra dims (they cannot tell a transform's batch dims themselves)."""
     out = list(children)

@@ -14,19 +14,9 @@ from . import _errors as E
 from . import _ops as ops
 from ._base import TensorTree
 from ._keys import MISSING, as_path, fmt_key, get_path, is_key, missing_message, set_path, walk
-from ._tree import KeyPath, is_node, register
+from ._tree import KeyPath, as_batch_size, is_node, register
 
 KeyLike = str | tuple[str, ...]
-
-
-def _as_size(batch_size: Any) -> torch.Size:
-    if isinstance(batch_size, torch.Size):
-        return batch_size
-    if batch_size is None:
-        return torch.Size(())
-    if isinstance(batch_size, int):
-        return torch.Size((batch_size,))
-    return torch.Size(batch_size)
 
 
 def _check_prefix(path: KeyPath, shape: torch.Size, batch_size: torch.Size, nested: bool) -> None:
@@ -105,7 +95,7 @@ class TensorDict(TensorTree):
         device: torch.device | str | None = None,
         **kwargs: Any,
     ) -> None:
-        bs = _as_size(batch_size)
+        bs = as_batch_size(batch_size)
         dev = None if device is None else torch.device(device)
         if source is not None and not isinstance(source, Mapping):
             raise TypeError(
@@ -169,6 +159,11 @@ class TensorDict(TensorTree):
             >>> tdfunc.TensorDict.from_dict({"a": torch.zeros(2, 3)}, batch_dims=1).batch_size
             torch.Size([2])
         """
+        if batch_dims is not None:
+            if isinstance(batch_dims, bool) or not isinstance(batch_dims, int):
+                raise TypeError(E.BATCH_DIMS.format(value=batch_dims))
+            if batch_dims < 0:
+                raise ValueError(E.BATCH_DIMS.format(value=batch_dims))
         if batch_size is None and batch_dims is not None:
             first = _first_leaf(d)
             if first is None:

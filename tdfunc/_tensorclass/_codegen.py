@@ -7,23 +7,29 @@ cost one function call per field check.
 
 All names the generated code uses start with ``__tdf_``, and field names may not start
 with ``__``, so a field can never shadow a helper.
+
+The source of each class is registered in :mod:`linecache` under a file name of its own
+(``<tensorclass module.Qualname>``, with a ``-N`` suffix when that name is taken), as attrs
+does: tracebacks, ``pdb`` and :func:`inspect.getsource` show the generated lines.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import linecache
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from .._tree import as_batch_size
 from . import _fields as F
-from ..tensordict import _as_size
 
 
 class _MarkerMeta(type):
     def __repr__(cls) -> str:
-        return cls._label  # type: ignore[attr-defined,no-any-return]
+        return cls._label  # type: ignore[attr-defined]
 
 
 # Sentinels are classes: ``torch.compile`` can hold a class as a constant, not an instance.
@@ -49,13 +55,13 @@ def _as_device(device: Any) -> torch.device | None:
     return None if device is None else torch.device(device)
 
 
-def _missing(cls: type, name: str) -> None:
+def _missing(cls: type[Any], name: str) -> None:
     raise TypeError(
         F.MISSING_FIELD.format(cls=cls.__name__, name=name, fields=list(cls._tdf_fields))
     )
 
 
-def _unknown(cls: type, where: str, kwargs: dict[str, Any]) -> None:
+def _unknown(cls: type[Any], where: str, kwargs: dict[str, Any]) -> None:
     raise TypeError(
         F.UNKNOWN_FIELD.format(
             cls=cls.__name__, where=where, name=next(iter(kwargs)), fields=list(cls._tdf_fields)
@@ -63,7 +69,7 @@ def _unknown(cls: type, where: str, kwargs: dict[str, Any]) -> None:
     )
 
 
-def _too_many(cls: type, n: int, names: Sequence[str], extra: tuple[Any, ...]) -> None:
+def _too_many(cls: type[Any], n: int, names: Sequence[str], extra: tuple[Any, ...]) -> None:
     raise TypeError(
         F.TOO_MANY_POSITIONAL.format(cls=cls.__name__, n=n, names=tuple(names), got=n + len(extra))
     )
@@ -251,6 +257,27 @@ def _tuple_expr(items: Sequence[str]) -> str:
     return "(" + ", ".join(items) + ",)"
 
 
+# Suffixes for generated file names already taken (classes of the same qualified name, e.g.
+# defined in a function called twice). ``next`` on a count is atomic under the GIL.
+_suffixes = itertools.count(2)
+
+
+def _register_source(base: str, source: str) -> str:
+    """Put ``source`` in :mod:`linecache` under a new file name derived from ``base``.
+
+    The entry has no modification time, so ``linecache.checkcache`` keeps it; it lives as long
+    as the process, like the class whose code it describes.
+    """
+    filename = f"<{base}>"
+    lines = source.splitlines(keepends=True)
+    entry = (len(source), None, lines, filename)
+    # setdefault: a name another thread registered in between is never overwritten
+    while linecache.cache.setdefault(filename, entry) is not entry:
+        filename = f"<{base}-{next(_suffixes)}>"
+        entry = (len(source), None, lines, filename)
+    return filename
+
+
 def generate(plan: Plan) -> dict[str, Callable[..., Any]]:
     """Source, compile and return the generated functions for ``plan.cls``."""
     cls = plan.cls
@@ -261,7 +288,7 @@ def generate(plan: Plan) -> dict[str, Callable[..., Any]]:
         "__tdf_object__": object,
         "__tdf_child__": F.child_value,
         "__tdf_static__": F.static_value,
-        "__tdf_as_size__": _as_size,
+        "__tdf_as_size__": as_batch_size,
         "__tdf_as_device__": _as_device,
         "__tdf_missing__": _missing,
         "__tdf_unknown_fn__": _unknown,
@@ -288,9 +315,10 @@ def generate(plan: Plan) -> dict[str, Callable[..., Any]]:
         f"def _tdf_children(__tdf_self__):\n    return {children}",
         f"def _tdf_static(__tdf_self__):\n    return {statics}",
     ]
-    filename = f"<tensorclass {cls.__module__}.{cls.__qualname__}>"
-    code = compile("\n\n".join(sources), filename, "exec")
-    exec(code, ns)  # noqa: S102 - source generated above from field names only
+    source = "\n\n".join(sources) + "\n"
+    filename = _register_source(f"tensorclass {cls.__module__}.{cls.__qualname__}", source)
+    # the source is generated above from field names only (checked identifiers)
+    exec(compile(source, filename, "exec"), ns)
     out = {
         name: ns[name]
         for name in (
