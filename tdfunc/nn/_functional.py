@@ -110,7 +110,7 @@ def _module_tensor(module: nn.Module, name: str) -> Tensor | None:
 class _Matched:
     """What walking ``params`` against a module found (one per call)."""
 
-    __slots__ = ("out", "unknown", "tied", "alias")
+    __slots__ = ("alias", "out", "tied", "unknown")
 
     def __init__(self, tie_weights: bool) -> None:
         self.out: dict[str, Tensor] = {}

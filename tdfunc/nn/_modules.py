@@ -154,10 +154,7 @@ class TensorDictModule(nn.Module):
         args = []
         for path in in_paths:
             args.append(read_key(td, path, name))
-        if kwargs is None:
-            out = self._fn(*args)
-        else:
-            out = self._fn(**dict(zip(kwargs, args)))
+        out = self._fn(*args) if kwargs is None else self._fn(**dict(zip(kwargs, args)))
         outputs = out if isinstance(out, (tuple, list)) else (out,)
         if len(outputs) != len(out_paths):
             raise ValueError(

@@ -169,7 +169,7 @@ def read_key(node: Any, path: KeyPath, owner: str) -> Any:
 
 def available(node: Any, prefix: KeyPath) -> list[Key]:
     """The keys of ``node`` as full paths under ``prefix`` (for error messages)."""
-    return [public_key(prefix + (k,)) for k in node._tdf_keys()]
+    return [public_key((*prefix, k)) for k in node._tdf_keys()]
 
 
 def has_key(node: Any, path: KeyPath) -> bool:
@@ -220,9 +220,9 @@ def checked_output(
                 OVERWRITE_SUBTREE.format(
                     module=owner,
                     kind=type(current).__name__,
-                    key=fmt_key(prefix + (key,)),
+                    key=fmt_key((*prefix, key)),
                     typ=type(value).__name__,
-                    hint=fmt_key(prefix + (key, "value")),
+                    hint=fmt_key((*prefix, key, "value")),
                 )
             )
         shape = value.shape
@@ -230,12 +230,12 @@ def checked_output(
         shape = value._batch_size
     else:
         raise TypeError(
-            OUTPUT_KIND.format(module=owner, typ=type(value).__name__, key=fmt_key(prefix + (key,)))
+            OUTPUT_KIND.format(module=owner, typ=type(value).__name__, key=fmt_key((*prefix, key)))
         )
     if bs and shape[: len(bs)] != bs:
         raise ValueError(
             OUTPUT_SHAPE.format(
-                module=owner, key=fmt_key(prefix + (key,)), shape=tuple(shape), batch_size=tuple(bs)
+                module=owner, key=fmt_key((*prefix, key)), shape=tuple(shape), batch_size=tuple(bs)
             )
         )
     if dev is not None and value.device != dev:
@@ -263,7 +263,7 @@ def apply_plan(node: Any, plan: Plan, outputs: Sequence[Any], owner: str, prefix
             raise TypeError(
                 NOT_A_FIELD.format(
                     module=owner,
-                    key=fmt_key(prefix + (k,)),
+                    key=fmt_key((*prefix, k)),
                     cls=type(node).__name__,
                     field=k,
                     fields=list(keys),
@@ -272,15 +272,15 @@ def apply_plan(node: Any, plan: Plan, outputs: Sequence[Any], owner: str, prefix
         if isinstance(sub, int):
             value = checked_output(outputs[sub], current, prefix, k, bs, dev, owner)
         elif current is MISSING or (current is None and not is_td):
-            value = new_from_plan(sub, outputs, owner, prefix + (k,), bs, dev)
+            value = new_from_plan(sub, outputs, owner, (*prefix, k), bs, dev)
         elif is_node(current):
-            value = apply_plan(current, sub, outputs, owner, prefix + (k,))
+            value = apply_plan(current, sub, outputs, owner, (*prefix, k))
         else:
             raise TypeError(
                 WRITE_THROUGH_LEAF.format(
                     module=owner,
-                    key=fmt_key(prefix + (k,) + first_path(sub)),
-                    prefix=fmt_key(prefix + (k,)),
+                    key=fmt_key((*prefix, k, *first_path(sub))),
+                    prefix=fmt_key((*prefix, k)),
                     kind=type(current).__name__,
                 )
             )
@@ -307,14 +307,14 @@ def new_from_plan(
         if isinstance(sub, int):
             data[k] = checked_output(outputs[sub], MISSING, prefix, k, bs, dev, owner)
         else:
-            data[k] = new_from_plan(sub, outputs, owner, prefix + (k,), bs, dev)
+            data[k] = new_from_plan(sub, outputs, owner, (*prefix, k), bs, dev)
     return TensorDict._new(data, bs, dev)
 
 
 def first_path(plan: Plan) -> KeyPath:
     """The first path a plan writes (for error messages)."""
     k, sub = plan[0]
-    return (k,) if isinstance(sub, int) else (k,) + first_path(sub)
+    return (k,) if isinstance(sub, int) else (k, *first_path(sub))
 
 
 def describe(module: Any) -> str:

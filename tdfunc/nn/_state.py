@@ -7,15 +7,17 @@ traces into the graph with no break (the tracking costs nothing at run time ther
 
 * the module rebinds an attribute (``self.count = self.count + 1``): ``torch.func``'s
   reparametrisation hands the new tensor back in the dict of tensors it was given;
-* the module writes a tensor in place: a :class:`~torch.overrides.TorchFunctionMode` sees
-  every torch call made during the call and marks the clones (or views of them) that the call
-  writes: an in-place method or function (``add_``, ``x += 1``, ``x[i] = v``, ``.data = v``),
+* the module writes a tensor in place: the clones are a small ``__torch_function__``
+  subclass, so every torch call that involves one is seen, and a call that writes it (or a
+  view of it) marks it: an in-place method or function (``add_``, ``x += 1``, ``x[i] = v``, ``.data = v``),
   an ``out=`` argument, an ``inplace=True`` activation or dropout, and the running statistics
   of the batch/instance norm functions in training mode.
 
 Why not the tensors' version counters: under ``torch.compile`` a version is an unbacked
 symbolic integer, so "has it changed" is a data-dependent branch (a graph break), while the
-torch calls themselves are known when tracing. One rule, the same eagerly and compiled.
+torch calls themselves are known when tracing. Why not a ``TorchFunctionMode``: entering a
+mode mutates the global mode stack, which ``scan``/``while_loop`` bodies reject. One rule, the
+same eagerly and compiled.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode, get_overridable_functions
+from torch.overrides import get_overridable_functions
 
 #: in-place dunder methods (``x += y`` calls ``__iadd__``; ``x[i] = v`` calls ``__setitem__``)
 _INPLACE_DUNDERS = (
@@ -138,31 +140,24 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str, def
     return kwargs.get(name, default)
 
 
-class _WriteTracker(TorchFunctionMode):
-    """Marks which of ``tracked`` (or views of them) the torch calls made under it write."""
+def _mark(t: Any) -> None:
+    if isinstance(t, _Watched):
+        getattr(t, "_tdf_root", t)._tdf_written = True
 
-    def __init__(self, tracked: list[Tensor]) -> None:
-        super().__init__()
-        # tensors to watch (the clones, then views of them) and the clone each one belongs to
-        self.watched: list[Tensor] = list(tracked)
-        self.owner: list[int] = list(range(len(tracked)))
-        self.written: list[bool] = [False] * len(tracked)
 
-    def _mark(self, t: Any) -> None:
-        for u, i in zip(self.watched, self.owner):
-            if t is u:
-                self.written[i] = True
+class _Watched(Tensor):
+    """A clone handed to the module: torch calls that write it (or a view of it) mark it.
 
-    def _alias(self, base: Any, out: Any) -> None:
-        for u, i in zip(self.watched, self.owner):
-            if base is u:
-                for o in out if isinstance(out, (tuple, list)) else (out,):
-                    self.watched.append(o)
-                    self.owner.append(i)
-                return
+    Only calls that involve a watched tensor reach :meth:`__torch_function__`; they run as
+    plain torch calls and return plain tensors, except views of a watched tensor, which stay
+    watched (a write through ``x[0]``, ``x.view(-1)`` or ``x.data`` is a write to ``x``).
+    The mark is an attribute of the clone, created during the call, so nothing outside the
+    call is mutated (``torch.compile`` accepts this inside ``scan``/``while_loop`` bodies).
+    """
 
+    @classmethod
     def __torch_function__(
-        self,
+        cls,
         func: Any,
         types: Any,
         args: tuple[Any, ...] = (),
@@ -174,21 +169,39 @@ class _WriteTracker(TorchFunctionMode):
         if rule is not None:
             kind = rule[0]
             if kind == _FIRST:
-                self._mark(args[0] if args else kwargs.get("input", kwargs.get("self")))
+                _mark(args[0] if args else kwargs.get("input", kwargs.get("self")))
             elif kind == _INPLACE_FLAG:
                 if _arg(args, kwargs, rule[1], rule[2], rule[3]):
-                    self._mark(args[0] if args else kwargs.get("input"))
+                    _mark(args[0] if args else kwargs.get("input"))
             elif _arg(args, kwargs, rule[3], rule[4], rule[5]):
-                self._mark(_arg(args, kwargs, rule[1], "running_mean", None))
-                self._mark(_arg(args, kwargs, rule[2], "running_var", None))
+                _mark(_arg(args, kwargs, rule[1], "running_mean", None))
+                _mark(_arg(args, kwargs, rule[2], "running_var", None))
         out_arg = kwargs.get("out")
         if out_arg is not None:
             for o in out_arg if isinstance(out_arg, (tuple, list)) else (out_arg,):
-                self._mark(o)
-        result = func(*args, **kwargs)
-        if func in _VIEWS and args:
-            self._alias(args[0], result)
+                _mark(o)
+        with torch._C.DisableTorchFunctionSubclass():
+            result = func(*args, **kwargs)
+        if func in _VIEWS and args and isinstance(args[0], _Watched):
+            root = getattr(args[0], "_tdf_root", args[0])
+            if isinstance(result, (tuple, list)):
+                return type(result)(_watch_view(r, root) for r in result)
+            return _watch_view(result, root)
         return result
+
+
+def _watch_view(view: Tensor, root: _Watched) -> _Watched:
+    w = view.as_subclass(_Watched)
+    w._tdf_root = root
+    return w
+
+
+def _plain(t: Tensor) -> Tensor:
+    """A plain tensor holding the value of ``t`` (an alias of a watched tensor, or ``t``)."""
+    if isinstance(t, _Watched):
+        with torch._C.DisableTorchFunctionSubclass():
+            return t.view_as(t)
+    return t
 
 
 def lazy_clone(t: Tensor) -> Tensor:
@@ -207,19 +220,21 @@ def call_tracking_writes(
 
     Returns:
         ``(output, written)``: the module's output and, for each name whose tensor the module
-        wrote in place or rebound, the tensor holding the new value (in call order). The
+        wrote in place or rebound, a plain tensor holding the new value (in call order). The
         tensors of ``tensors`` are never written.
     """
-    clones = [lazy_clone(t) for t in tensors.values()]
+    clones = []
+    for t in tensors.values():
+        c = lazy_clone(t).as_subclass(_Watched)
+        c._tdf_written = False
+        clones.append(c)
     given = dict(zip(tensors, clones))
-    tracker = _WriteTracker(clones)
-    with tracker:
-        out = torch.func.functional_call(module, given, args, kwargs, tie_weights=tie_weights)
+    out = torch.func.functional_call(module, given, args, kwargs, tie_weights=tie_weights)
     written: dict[str, Tensor] = {}
     # ``given`` now holds what the module rebound (torch.func writes it back there)
-    for (name, now), clone, hit in zip(given.items(), clones, tracker.written):
-        if hit or now is not clone:
-            written[name] = now
+    for (name, now), clone in zip(given.items(), clones):
+        if clone._tdf_written or now is not clone:
+            written[name] = _plain(now)
     return out, written
 
 
