@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._keys import fmt_key
+from .._keys import ABSENT, as_path, fmt_key, get_path, is_key
+from .._keys import child as _child
 from .._tree import KeyPath, Node, is_node
 from ..tensordict import TensorDict
 
@@ -78,11 +79,14 @@ NO_MODULES = "TensorDictSequential needs at least one module"
 
 # ---------------------------------------------------------------------------------- keys
 def to_path(key: Any, what: str) -> KeyPath:
-    """``"a"`` -> ``("a",)``; a non-empty tuple of strings is already a path."""
-    if isinstance(key, str) and key:
-        return (key,)
-    if isinstance(key, tuple) and key and all(isinstance(k, str) and k for k in key):
-        return key
+    """``"a"`` -> ``("a",)``; a non-empty tuple of strings is already a path.
+
+    Normalised by :func:`tdfunc._keys.as_path`; routing also rejects empty names.
+    """
+    if is_key(key):
+        path = as_path(key)
+        if all(path):
+            return path
     raise TypeError(BAD_KEY.format(what=what, key=key))
 
 
@@ -125,15 +129,7 @@ def check_out_paths(paths: tuple[KeyPath, ...]) -> None:
 # ---------------------------------------------------------------------------------- reading
 def child(node: Any, key: str) -> Any:
     """The child ``key`` of a node, or :data:`MISSING`."""
-    if isinstance(node, TensorDict):
-        return node._data.get(key, MISSING)
-    get = getattr(node, "_tdf_get", None)
-    if get is not None:
-        return get(key, MISSING)
-    for k, v in zip(node._tdf_keys(), node._tdf_children()):
-        if k == key:
-            return v
-    return MISSING
+    return _child(node, key, MISSING)
 
 
 def read_key(node: Any, path: KeyPath, owner: str) -> Any:
@@ -174,14 +170,7 @@ def available(node: Any, prefix: KeyPath) -> list[Key]:
 
 def has_key(node: Any, path: KeyPath) -> bool:
     """True when ``path`` leads to a value in ``node``."""
-    value = node
-    for k in path:
-        if not is_node(value):
-            return False
-        value = child(value, k)
-        if value is MISSING:
-            return False
-    return True
+    return get_path(node, path, ABSENT) is not ABSENT
 
 
 # ---------------------------------------------------------------------------------- writing
