@@ -68,3 +68,81 @@ BATCH_SIZE_TYPE = (
 )
 BATCH_SIZE_NEGATIVE = "batch_size must not have negative sizes, got {value}"
 BATCH_DIMS = "from_dict: batch_dims must be an int >= 0, got {value!r}"
+
+
+# ---- tensorclass fields
+FROZEN = (
+    "{cls} is frozen: cannot {what} field {name!r}. Build a new instance instead: "
+    "t.replace({name}=...) or dataclasses.replace(t, {name}=...)"
+)
+MISSING_FIELD = "{cls}() missing required field {name!r} (fields: {fields})"
+UNKNOWN_FIELD = "{cls}{where} got an unknown field {name!r} (fields: {fields})"
+TOO_MANY_POSITIONAL = (
+    "{cls}() takes at most {n} positional field values {names}, but {got} were given; "
+    "batch_size and device are keyword-only"
+)
+NOT_A_CHILD = (
+    "{cls}: field {name!r} is annotated {ann} and needs {expected}, got a value of type {typ}"
+)
+NONE_NOT_ALLOWED = (
+    "{cls}: field {name!r} is annotated {ann}, which does not allow None; "
+    "annotate it `{ann} | None` to make it optional"
+)
+FIELD_SHAPE = (
+    "{cls}: field {name!r} has shape {shape}, which does not start with batch_size "
+    "{batch_size}; every tensor field must have the batch dims as its leading dims"
+)
+STATIC_GOT_TENSOR = (
+    "{cls}: field {name!r} is static (annotated {ann}) but got a value of type {typ}; "
+    "annotate it torch.Tensor, TensorDict or a tensorclass to make it part of the data"
+)
+STATIC_UNHASHABLE = (
+    "{cls}: static field {name!r} needs a hashable value (static fields are part of the "
+    "structure), got a value of type {typ}; use e.g. a tuple instead of a list"
+)
+RESERVED_NAME = "@tensorclass {cls}: field name {name!r} shadows {what}; rename the field"
+MIXED_ANNOTATION = (
+    "@tensorclass {cls}: field {name!r} is annotated {ann}, which mixes tensor/container types "
+    "with other types; a field is either data (tensors, TensorDicts, tensorclasses, None) or "
+    "static metadata"
+)
+UNRESOLVED_ANNOTATION = (
+    "@tensorclass {cls}: cannot resolve the annotation {ann!r} of field {name!r} ({err}); "
+    "define the type before the class or import it at module level"
+)
+NOT_A_SUBTREE = (
+    "{cls}: field {name!r} holds a {typ}, not a nested container, so {rest!r} cannot be set"
+)
+
+
+# ---- control flow (cond / while_loop / scan)
+#: A result whose structure differs from the expected one (``{what}`` names the function).
+STRUCTURE = (
+    "{what} returned a different structure than {expected_what}: missing keys: {missing}; "
+    "extra keys: {extra}{detail}"
+)
+#: Operands / carries / xs holding something else than tensors, TensorDicts and tensorclasses.
+NOT_TENSOR = (
+    "{what}: every leaf must be a tensor (inside TensorDicts, tensorclasses, tuples, lists or "
+    "dicts), got {typ} at {path}"
+)
+#: ``scan`` over a TensorDict / tensorclass along a dim that is not one of its batch dims.
+SCAN_DIM = (
+    "scan: xs holds a {cls} with batch_size {batch_size}; dim={dim} must be one of its batch "
+    "dims (0 <= dim < {batch_dims})"
+)
+#: ``scan``'s combine_fn must return a pair.
+SCAN_PAIR = "scan: combine_fn must return a pair (next_carry, y), got {typ}"
+#: ``cond``: the branches returned different structures (found when running eagerly).
+COND_BRANCHES = (
+    "cond: true_fn and false_fn returned different structures: keys only in true_fn's output: "
+    "{missing}; keys only in false_fn's output: {extra}{detail}"
+)
+
+
+# ---- export
+#: ``dims`` names a dim that is not a batch dim of some container.
+NOT_A_BATCH_DIM = (
+    "dynamic_batch_shapes: dim {dim} is not a batch dim of the {cls} at {path} "
+    "(batch_size {batch_size}); only batch dims can be marked"
+)

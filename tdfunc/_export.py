@@ -18,13 +18,8 @@ from typing import Any
 from torch import Tensor
 from torch.export import Dim
 
+from . import _errors as E
 from ._tree import is_node
-
-#: ``dims`` names a dim that is not a batch dim of some container.
-NOT_A_BATCH_DIM = (
-    "dynamic_batch_shapes: dim {dim} is not a batch dim of the {cls} at {path} "
-    "(batch_size {batch_size}); only batch dims can be marked"
-)
 
 
 def _leaf_spec(dims: Mapping[int, Any]) -> dict[int, Any] | None:
@@ -45,7 +40,7 @@ def _spec(x: Any, dims: Mapping[int, Any], path: str) -> Any:
         for d in dims:
             if not 0 <= d < len(x._batch_size):
                 raise ValueError(
-                    NOT_A_BATCH_DIM.format(
+                    E.NOT_A_BATCH_DIM.format(
                         dim=d,
                         cls=type(x).__name__,
                         path=path or "the root",

@@ -30,31 +30,8 @@ from torch import Tensor
 from torch._higher_order_ops.scan import scan as _torch_scan
 from torch._higher_order_ops.while_loop import while_loop as _torch_while_loop
 
+from . import _errors as E
 from ._tree import is_node
-
-#: A result whose structure differs from the expected one (``{what}`` names the function).
-STRUCTURE = (
-    "{what} returned a different structure than {expected_what}: missing keys: {missing}; "
-    "extra keys: {extra}{detail}"
-)
-#: Operands / carries / xs holding something else than tensors, TensorDicts and tensorclasses.
-NOT_TENSOR = (
-    "{what}: every leaf must be a tensor (inside TensorDicts, tensorclasses, tuples, lists or "
-    "dicts), got {typ} at {path}"
-)
-#: ``scan`` over a TensorDict / tensorclass along a dim that is not one of its batch dims.
-SCAN_DIM = (
-    "scan: xs holds a {cls} with batch_size {batch_size}; dim={dim} must be one of its batch "
-    "dims (0 <= dim < {batch_dims})"
-)
-#: ``scan``'s combine_fn must return a pair.
-SCAN_PAIR = "scan: combine_fn must return a pair (next_carry, y), got {typ}"
-#: ``cond``: the branches returned different structures (found when running eagerly).
-COND_BRANCHES = (
-    "cond: true_fn and false_fn returned different structures: keys only in true_fn's output: "
-    "{missing}; keys only in false_fn's output: {extra}{detail}"
-)
-
 
 # Tags inside structure keys. Strings, so that a key is a tuple of plain constants that both
 # torch.compile and torch.fx (which records some operator outputs as graph arguments) accept.
@@ -121,7 +98,7 @@ def _flatten(tree: Any, what: str) -> tuple[list[Tensor], pytree.TreeSpec]:
     for i, leaf in enumerate(flat):
         if not isinstance(leaf, Tensor):
             path = pytree.keystr(pytree.tree_flatten_with_path(tree)[0][i][0])
-            raise TypeError(NOT_TENSOR.format(what=what, typ=type(leaf).__name__, path=path))
+            raise TypeError(E.NOT_TENSOR.format(what=what, typ=type(leaf).__name__, path=path))
     return flat, spec
 
 
@@ -168,7 +145,7 @@ def _check_structure(expected: Any, got: Any, what: str, expected_what: str) -> 
     if pytree.tree_structure(got) != pytree.tree_structure(expected):
         missing, extra, detail = _difference(expected, got)
         raise ValueError(
-            STRUCTURE.format(
+            E.STRUCTURE.format(
                 what=what, expected_what=expected_what, missing=missing, extra=extra, detail=detail
             )
         )
@@ -242,7 +219,9 @@ def _raise_if_branches_differ(
         return  # the branches cannot run on meta tensors: keep torch's error
     if pytree.tree_structure(a) != pytree.tree_structure(b):
         missing, extra, detail = _difference(a, b)
-        raise ValueError(COND_BRANCHES.format(missing=missing, extra=extra, detail=detail)) from err
+        raise ValueError(
+            E.COND_BRANCHES.format(missing=missing, extra=extra, detail=detail)
+        ) from err
 
 
 # --------------------------------------------------------------------------------------
@@ -307,7 +286,7 @@ def _check_scan_dim(xs: Any, dim: int) -> None:
     for n in pytree.tree_flatten(xs, is_leaf=is_node)[0]:
         if is_node(n) and not 0 <= dim < len(n._batch_size):
             raise ValueError(
-                SCAN_DIM.format(
+                E.SCAN_DIM.format(
                     cls=type(n).__name__,
                     batch_size=tuple(n._batch_size),
                     dim=dim,
@@ -362,7 +341,7 @@ def scan(
         c = pytree.tree_unflatten(list(carry), init_spec)
         out = combine_fn(c, pytree.tree_unflatten(list(x), xs_spec))
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            raise TypeError(SCAN_PAIR.format(typ=type(out).__name__))
+            raise TypeError(E.SCAN_PAIR.format(typ=type(out).__name__))
         new_c, y = out
         _check_structure(c, new_c, "scan combine_fn (next_carry)", "init")
         y_leaves, y_spec = _flatten(y, "scan combine_fn output y")

@@ -11,7 +11,7 @@ from helpers import check_compiled, compare
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from tdfunc import TensorDict, tensorclass
-from tdfunc import control as C
+from tdfunc import _errors as E
 from tdfunc.control import cond, scan, while_loop
 from tdfunc.testing import assert_close
 
@@ -103,7 +103,7 @@ def test_cond_tensorclass_and_nested_pytrees():
 
 def test_cond_branch_structure_mismatch_names_the_keys():
     t = make_td()
-    expected = C.COND_BRANCHES.format(missing="['a']", extra="['z']", detail="")
+    expected = E.COND_BRANCHES.format(missing="['a']", extra="['z']", detail="")
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
         cond(torch.tensor(True), lambda t: t, lambda t: t.set("z", t["a"]).exclude("a"), (t,))
     # same keys, other batch dims
@@ -130,7 +130,7 @@ def test_cond_branch_mismatch_under_compile_is_reported_by_torch():
 def test_cond_bad_operands():
     with pytest.raises(TypeError) as info:
         cond(torch.tensor(True), lambda x, n: x, lambda x, n: x, (torch.ones(2), 3))
-    assert str(info.value) == C.NOT_TENSOR.format(what="cond operands", typ="int", path="[1]")
+    assert str(info.value) == E.NOT_TENSOR.format(what="cond operands", typ="int", path="[1]")
 
 
 # --------------------------------------------------------------------------------------
@@ -198,7 +198,7 @@ def test_while_loop_body_structure_mismatch_names_the_keys():
         while_loop(
             lambda i, s: i < 3, lambda i, s: (i + 1, s.exclude(("n", "c"))), (torch.tensor(0), t)
         )
-    expected = C.STRUCTURE.format(
+    expected = E.STRUCTURE.format(
         what="while_loop body_fn",
         expected_what="carried_inputs",
         missing="[1]['n']['c']",
@@ -303,10 +303,10 @@ def test_scan_gradients_flow_through_a_tensordict():
 
 def test_scan_bad_input():
     xs = make_xs()
-    expected = C.SCAN_DIM.format(cls="TensorDict", batch_size=(5, 2), dim=2, batch_dims=2)
+    expected = E.SCAN_DIM.format(cls="TensorDict", batch_size=(5, 2), dim=2, batch_dims=2)
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
         scan(lambda c, x: (c, x), torch.zeros(2), xs, dim=2)
-    with pytest.raises(RuntimeError, match=re.escape(C.SCAN_PAIR.format(typ="Tensor"))):
+    with pytest.raises(RuntimeError, match=re.escape(E.SCAN_PAIR.format(typ="Tensor"))):
         scan(lambda c, x: c + x["r"], torch.zeros(2), xs)
     with pytest.raises(RuntimeError, match=re.escape("missing keys: ['n']")):
         scan(lambda c, x: (c.exclude("n"), x["r"] * 1), xs[0] * 0, xs)

@@ -22,9 +22,8 @@ from hypothesis import strategies as st
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
-from tdfunc import TensorDict
-from tdfunc._tensorclass import _fields as F
-from tdfunc import is_tensorclass, tensorclass
+from tdfunc import TensorDict, is_tensorclass, tensorclass
+from tdfunc import _errors as E
 from tdfunc.testing import assert_close
 
 
@@ -313,7 +312,7 @@ def test_frozen_assignment_and_deletion_raise_with_hint():
     t = make_transition()
     with pytest.raises(dataclasses.FrozenInstanceError) as e:
         t.obs = torch.zeros(8, 3)
-    assert str(e.value) == F.FROZEN.format(cls="Transition", what="assign to", name="obs")
+    assert str(e.value) == E.FROZEN.format(cls="Transition", what="assign to", name="obs")
     assert "t.replace(obs=...)" in str(e.value)
     with pytest.raises(dataclasses.FrozenInstanceError, match="cannot delete field 'obs'"):
         del t.obs
@@ -327,7 +326,7 @@ def test_frozen_assignment_and_deletion_raise_with_hint():
 def test_missing_required_field():
     with pytest.raises(TypeError) as e:
         Transition(torch.zeros(2, 3), batch_size=[2])
-    assert str(e.value) == F.MISSING_FIELD.format(
+    assert str(e.value) == E.MISSING_FIELD.format(
         cls="Transition", name="action", fields=["obs", "action", "info", "discount"]
     )
 
@@ -373,7 +372,7 @@ def test_wrong_kind_of_value_is_a_type_error(kwargs, match):
 def test_shape_mismatch_names_field_and_shapes():
     with pytest.raises(ValueError) as e:
         Transition(torch.zeros(3, 4), torch.zeros(2), batch_size=[2])
-    assert str(e.value) == F.FIELD_SHAPE.format(
+    assert str(e.value) == E.FIELD_SHAPE.format(
         cls="Transition", name="obs", shape=(3, 4), batch_size=(2,)
     )
     with pytest.raises(ValueError, match="field 'info' has shape \\(3,\\).*batch_size \\(2,\\)"):

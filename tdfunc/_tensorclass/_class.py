@@ -19,16 +19,15 @@ from typing import Any, TypeVar, overload
 import optree
 import torch
 import torch.utils._pytree as pytree
-from torch import Tensor
 
 from .. import _errors as E
 from .. import _ops as ops
+from .._base import TensorTree
+from .._keys import as_path, get_path, is_key, missing_message, set_path
+from .._tree import describe_child, is_node, register
+from ..tensordict import TensorDict
 from . import _codegen as G
 from . import _fields as F
-from .._base import TensorTree
-from .._tree import describe_child, is_node, register
-from .._keys import as_path, get_path, is_key, missing_message, set_path
-from ..tensordict import TensorDict
 
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform
@@ -104,18 +103,18 @@ class _TensorClass(TensorTree):
         if spec is not None and spec.mapping:
             return TensorDict._new({}, self._batch_size, self._device)
         raise TypeError(
-            F.NOT_A_SUBTREE.format(cls=type(self).__name__, name=key, typ="None", rest="...")
+            E.NOT_A_SUBTREE.format(cls=type(self).__name__, name=key, typ="None", rest="...")
         )
 
     # ------------------------------------------------------------------ frozen
     def __setattr__(self, name: str, value: Any) -> None:
         raise dataclasses.FrozenInstanceError(
-            F.FROZEN.format(cls=type(self).__name__, what="assign to", name=name)
+            E.FROZEN.format(cls=type(self).__name__, what="assign to", name=name)
         )
 
     def __delattr__(self, name: str) -> None:
         raise dataclasses.FrozenInstanceError(
-            F.FROZEN.format(cls=type(self).__name__, what="delete", name=name)
+            E.FROZEN.format(cls=type(self).__name__, what="delete", name=name)
         )
 
     # pickling (also ``copy`` and ``torch.save`` / ``torch.export.save``): NEWOBJ + BUILD, so
@@ -204,7 +203,7 @@ class _TensorClass(TensorTree):
         for k, v in zip(td._tdf_keys(), td._tdf_children()):
             if k not in names:
                 raise KeyError(
-                    F.UNKNOWN_FIELD.format(
+                    E.UNKNOWN_FIELD.format(
                         cls=cls.__name__, where=".from_tensordict()", name=k, fields=list(names)
                     )
                 )
@@ -266,7 +265,7 @@ def _check_names(cls: type) -> None:
             what = "a name reserved for the implementation (leading '__' or '_tdf')"
         else:
             continue
-        raise TypeError(F.RESERVED_NAME.format(cls=cls.__name__, name=name, what=what))
+        raise TypeError(E.RESERVED_NAME.format(cls=cls.__name__, name=name, what=what))
 
 
 def _fix_class_cells(ns: Mapping[str, Any], old: type, new: type) -> None:

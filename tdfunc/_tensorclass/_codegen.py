@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .. import _errors as E
 from .._tree import as_batch_size
 from . import _fields as F
 
@@ -57,13 +58,13 @@ def _as_device(device: Any) -> torch.device | None:
 
 def _missing(cls: type[Any], name: str) -> None:
     raise TypeError(
-        F.MISSING_FIELD.format(cls=cls.__name__, name=name, fields=list(cls._tdf_fields))
+        E.MISSING_FIELD.format(cls=cls.__name__, name=name, fields=list(cls._tdf_fields))
     )
 
 
 def _unknown(cls: type[Any], where: str, kwargs: dict[str, Any]) -> None:
     raise TypeError(
-        F.UNKNOWN_FIELD.format(
+        E.UNKNOWN_FIELD.format(
             cls=cls.__name__, where=where, name=next(iter(kwargs)), fields=list(cls._tdf_fields)
         )
     )
@@ -71,7 +72,7 @@ def _unknown(cls: type[Any], where: str, kwargs: dict[str, Any]) -> None:
 
 def _too_many(cls: type[Any], n: int, names: Sequence[str], extra: tuple[Any, ...]) -> None:
     raise TypeError(
-        F.TOO_MANY_POSITIONAL.format(cls=cls.__name__, n=n, names=tuple(names), got=n + len(extra))
+        E.TOO_MANY_POSITIONAL.format(cls=cls.__name__, n=n, names=tuple(names), got=n + len(extra))
     )
 
 

@@ -17,52 +17,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import _errors as E
 from .. import _ops as ops
 from .._tree import Node, is_node
+from ..tensordict import TensorDict
 
 # ------------------------------------------------------------------------------ messages
-FROZEN = (
-    "{cls} is frozen: cannot {what} field {name!r}. Build a new instance instead: "
-    "t.replace({name}=...) or dataclasses.replace(t, {name}=...)"
-)
-MISSING_FIELD = "{cls}() missing required field {name!r} (fields: {fields})"
-UNKNOWN_FIELD = "{cls}{where} got an unknown field {name!r} (fields: {fields})"
-TOO_MANY_POSITIONAL = (
-    "{cls}() takes at most {n} positional field values {names}, but {got} were given; "
-    "batch_size and device are keyword-only"
-)
-NOT_A_CHILD = (
-    "{cls}: field {name!r} is annotated {ann} and needs {expected}, got a value of type {typ}"
-)
-NONE_NOT_ALLOWED = (
-    "{cls}: field {name!r} is annotated {ann}, which does not allow None; "
-    "annotate it `{ann} | None` to make it optional"
-)
-FIELD_SHAPE = (
-    "{cls}: field {name!r} has shape {shape}, which does not start with batch_size "
-    "{batch_size}; every tensor field must have the batch dims as its leading dims"
-)
-STATIC_GOT_TENSOR = (
-    "{cls}: field {name!r} is static (annotated {ann}) but got a value of type {typ}; "
-    "annotate it torch.Tensor, TensorDict or a tensorclass to make it part of the data"
-)
-STATIC_UNHASHABLE = (
-    "{cls}: static field {name!r} needs a hashable value (static fields are part of the "
-    "structure), got a value of type {typ}; use e.g. a tuple instead of a list"
-)
-RESERVED_NAME = "@tensorclass {cls}: field name {name!r} shadows {what}; rename the field"
-MIXED_ANNOTATION = (
-    "@tensorclass {cls}: field {name!r} is annotated {ann}, which mixes tensor/container types "
-    "with other types; a field is either data (tensors, TensorDicts, tensorclasses, None) or "
-    "static metadata"
-)
-UNRESOLVED_ANNOTATION = (
-    "@tensorclass {cls}: cannot resolve the annotation {ann!r} of field {name!r} ({err}); "
-    "define the type before the class or import it at module level"
-)
-NOT_A_SUBTREE = (
-    "{cls}: field {name!r} holds a {typ}, not a nested container, so {rest!r} cannot be set"
-)
 
 
 class ChildSpec(typing.NamedTuple):
@@ -107,7 +67,7 @@ def resolve(cls_name: str, name: str, ann: Any, module: str, localns: Mapping[st
         return eval(ann, globalns, ns)  # noqa: S307 - annotations are code written by the user
     except Exception as err:  # any failure: report which field, at class definition
         raise TypeError(
-            UNRESOLVED_ANNOTATION.format(cls=cls_name, ann=ann, name=name, err=err)
+            E.UNRESOLVED_ANNOTATION.format(cls=cls_name, ann=ann, name=name, err=err)
         ) from None
 
 
@@ -129,7 +89,6 @@ def classify(cls_name: str, name: str, tp: Any, default_is_none: bool) -> ChildS
     ``tp`` is a resolved annotation. Tensor / node members make a child field; ``None`` in a
     union (or a ``None`` default) makes it optional; any other annotation is static.
     """
-    from ..tensordict import TensorDict
 
     members = _members(tp)
     tensor = False
@@ -151,7 +110,7 @@ def classify(cls_name: str, name: str, tp: Any, default_is_none: bool) -> ChildS
         return None
     if other:
         raise TypeError(
-            MIXED_ANNOTATION.format(cls=cls_name, name=name, ann=type_name(tp, cls_name))
+            E.MIXED_ANNOTATION.format(cls=cls_name, name=name, ann=type_name(tp, cls_name))
         )
     # a plain mapping becomes a TensorDict where the annotation accepts one
     mapping = any(n is not SelfRef and issubclass(TensorDict, n) for n in nodes)
@@ -172,7 +131,7 @@ def _check_prefix(cls: type, name: str, shape: torch.Size, batch_size: torch.Siz
     """``ValueError`` naming the field when ``shape`` does not start with ``batch_size``."""
     if shape[: len(batch_size)] != batch_size:
         raise ValueError(
-            FIELD_SHAPE.format(
+            E.FIELD_SHAPE.format(
                 cls=cls.__name__, name=name, shape=tuple(shape), batch_size=tuple(batch_size)
             )
         )
@@ -195,18 +154,17 @@ def child_value(
     if value is None:
         if spec.optional:
             return None
-        raise TypeError(NONE_NOT_ALLOWED.format(cls=cls.__name__, name=name, ann=spec.ann))
+        raise TypeError(E.NONE_NOT_ALLOWED.format(cls=cls.__name__, name=name, ann=spec.ann))
     if spec.nodes and isinstance(value, spec.nodes):
         if device is not None and value._device != device:
             value = ops.to(value, device)
         _check_prefix(cls, name, value._batch_size, batch_size)
         return value
     if spec.mapping and isinstance(value, Mapping) and not is_node(value):
-        from ..tensordict import TensorDict
 
         return TensorDict._build(value, batch_size, device, (name,))
     raise TypeError(
-        NOT_A_CHILD.format(
+        E.NOT_A_CHILD.format(
             cls=cls.__name__,
             name=name,
             ann=spec.ann,
@@ -230,10 +188,12 @@ def static_value(cls: type, name: str, value: Any, ann: str) -> Any:
     """Check the value of a static field: not data, and hashable."""
     if isinstance(value, Tensor) or is_node(value):
         raise TypeError(
-            STATIC_GOT_TENSOR.format(cls=cls.__name__, name=name, ann=ann, typ=type(value).__name__)
+            E.STATIC_GOT_TENSOR.format(
+                cls=cls.__name__, name=name, ann=ann, typ=type(value).__name__
+            )
         )
     if not _hashable(value):
         raise TypeError(
-            STATIC_UNHASHABLE.format(cls=cls.__name__, name=name, typ=type(value).__name__)
+            E.STATIC_UNHASHABLE.format(cls=cls.__name__, name=name, typ=type(value).__name__)
         )
     return value
