@@ -10,6 +10,9 @@ contender's median time per call (median over passes of each pass's pytest-bench
 and the ratios of tdfunc against tensordict, the pytree dict and the flat-list floor (median
 over passes of the per-pass ratio, so contenders are only ever compared within one pass).
 
+The report holds tables and the chart only; how it is measured and why targets are missed are
+written in ``compile_benchmarks/README.md``.
+
 Example:
     >>> from compile_benchmarks.report import fmt_time
     >>> fmt_time(12.3456e-6)
@@ -61,75 +64,6 @@ TARGETS = {
     "cold_compile": Target("cold_compile", "cold compile: tdfunc <= 0.8x tensordict", 0.8),
     "graph_breaks": Target("graph_breaks", "zero graph breaks in every tdfunc workload", 0),
     "recompiles": Target("recompiles", "zero recompiles across 4 batch sizes with dynamic=True", 0),
-}
-
-#: Why a target is missed and what would fix it, per (target, workload); "*" matches any
-#: workload. Only notes of rows that actually miss are printed. They come from profiling
-#: (cProfile of the eager calls, Dynamo guard and bytecode logs of the compiled ones).
-MISS_NOTES: dict[tuple[str, str], str] = {
-    ("eager_vs_tensordict", "*"): (
-        "Most of these rows are dominated by the per-leaf tensor calls that every contender "
-        "makes (`x + 1`, `x[i]`, `x.to(...)`, `torch.stack`...): where 0.7x tensordict is below "
-        "the floor (the same calls on a flat list) the row says *unreachable*; no container can "
-        "get there. What tdfunc adds over the floor is its generic two-pass walk: `leaves(node)`, "
-        "then `rebuild()` with a `next()` per leaf and a `torch.Size` slice+concat per nested node "
-        "(about 0.3-0.5 µs per leaf). Fix: one fused recursive `map` over the children "
-        "(`node._tdf_rebuild([fn(v) ...])`) with a flat fast path; shape ops would also avoid "
-        "the per-leaf `new + x.shape[bd:]` tuple concatenation. Construction (`create_*`) spends "
-        "its time in the per-leaf batch check (`value.shape[:bd] != batch_size`: a `torch.Size` "
-        "slice costs ~0.6 µs) and a key-path tuple per key; checking all leaves in one pass and "
-        "building key paths only for the error would cut it. `membership` / `get_nested` pay "
-        "~0.5 µs for validating the tuple key (`_is_key`, a generator); tensordict does not "
-        "validate; validating only on a miss would fix it. tensorclass construction with 50-100 "
-        "fields is slower than tensordict's (`tdfunc_tc` rows of `create_*`): the generated "
-        "`__init__` checks every field; same fix. Already fixed while building this suite: "
-        "`stack`/`cat` (were 3x tensordict: structure tuples and per-dim generator checks, now "
-        "`same_structure` + one `torch.Size` comparison per leaf), binary ops on two containers "
-        "(structure tuples), `apply`'s validation (key paths built only on error), `update` "
-        "(one dict copy instead of one per key), `copy` (one pass), `split` "
-        "(`split_with_sizes`), int/slice indexing (no index normalisation, `x[i]` not `x[(i,)]`)."
-    ),
-    ("eager_vs_tensordict", "build_add"): (
-        "100 functional `set` calls copy the key dict each time (immutability: O(n^2) entries "
-        "copied, ~1.5 µs per call with the check of the value); then `+ 1` is one "
-        "`torch._foreach_add`, the floor_foreach time. The idiomatic tdfunc form, "
-        "`TensorDict(dict_of_100)` or `td.update(d)`, copies once."
-    ),
-    ("eager_vs_pytree", "*"): (
-        "Two kinds of rows. (1) Pure container operations (`create_*`, `replace_*`, `update_20`, "
-        "`get_nested`, `membership`, `tc_create*`): a plain dict does no work at all here (no "
-        "batch-size check, no new immutable object, 0.1-5 µs), so 1.0x a dict is unreachable for "
-        "any container that validates; tdfunc is 2-4x faster than tensordict on most of them. "
-        "(2) Shape ops (`reshape`, `permute`, `split`, `apply`, `to_float64`, `tc_read_20`): "
-        "within noise of the dict or 1.1-1.4x it, because `tree_map` walks the dict once while "
-        "tdfunc walks it twice (`leaves` + `rebuild`) and builds a new shape tuple per leaf; the "
-        "fused map described above would fix these."
-    ),
-    ("compiled_vs_floor", "*"): (
-        "The per-call cost of a compiled function is guards + graph + rebuilding the output, and "
-        "the graph is the same for every contender. A TensorDict input adds per node a TYPE_MATCH, "
-        "a guard per key (key order) and the `_data` attribute access; a TensorDict output is "
-        "rebuilt by Dynamo's bytecode as `object.__new__` + 3 `object.__setattr__` per node "
-        "(~2-4 µs per node: the 11-node chain pays ~20 µs). That fixed cost is what shows on "
-        "these tiny workloads (copies, replace, create, scalar chains: floor 10-60 µs); on the "
-        "workloads with real kernels (`stack10`, `cat10`, `unbind`, `split`, `permute`, "
-        "`index_int`) tdfunc is within 1.15x. Fix: fewer attributes per node (one slot holding "
-        "`(batch_size, device)`), returning leaves instead of containers at compiled boundaries "
-        "when the caller does not need the structure, and avoiding nested containers in hot "
-        "outputs. Single-round noise on this shared 2-core machine moves these ratios by ±0.3 "
-        "(see the pass ranges)."
-    ),
-    ("cold_compile", "*"): (
-        "Cold compile time is dominated by inductor's code generation and C++ compilation of "
-        "the same graph for every contender (1-10 s here), so a container can only change the "
-        "Dynamo tracing part (0.1-1.5 s): 0.8x tensordict is reachable only where tracing "
-        "dominates (copies, replace, update, create: tdfunc is about 0.5-0.65x on most of "
-        "them; the sub-0.2 s rows are noisy). Where the graph is large the ratio is ~1.0 ± "
-        "noise. What tdfunc can still shave: its checks are traced too (`stack`/`cat` structure "
-        "and shape checks, `validate_leaves`, and one `is_batchedtensor` call per leaf before "
-        "`torch._foreach_*`, which lands in the graph as a dead node). Fix: decide the foreach "
-        "path once (first leaf) instead of per leaf, and keep checks O(nodes), not O(leaves)."
-    ),
 }
 
 
@@ -247,8 +181,9 @@ def fmt_ratio(r: float | None, limit: float | None = None) -> str:
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table; ``|`` inside a cell (e.g. a graph-break reason) is escaped."""
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
     return out
 
 
@@ -262,11 +197,6 @@ class Miss:
     mode: str
     subject: str
     value: str
-
-    def note(self) -> str:
-        return MISS_NOTES.get((self.target, self.workload)) or MISS_NOTES.get(
-            (self.target, "*"), ""
-        )
 
 
 def _ratio_columns(group_names: set[str]) -> list[tuple[str, str, str]]:
@@ -300,10 +230,7 @@ def _unreachable(group: dict[str, Entry], den: str, limit: float) -> str:
     best = min(floors)
     if target >= best:
         return ""
-    return (
-        f"; unreachable: the target ({fmt_time(target)} µs) is below the floor, the same work "
-        f"on a flat list ({fmt_time(best)} µs)"
-    )
+    return f"; unreachable: target {fmt_time(target)} µs < floor {fmt_time(best)} µs"
 
 
 def _compiled_with_inductor(group: dict[str, Entry], *names: str) -> bool:
@@ -325,8 +252,6 @@ def timing_sections(res: Results, misses: list[Miss]) -> list[str]:
             names = contender_order({c for k in keys for c in res.rows[k]})
             cols = _ratio_columns(set(names))
             out += [f"### {cat} — {mode}", ""]
-            if mode != "eager":
-                out += ["Per-call latency of the compiled function (after 2 warm-up calls).", ""]
             header = ["workload", *[f"{c} µs" for c in names], *[c[0] for c in cols]]
             body = []
             for k in keys:
@@ -342,11 +267,11 @@ def timing_sections(res: Results, misses: list[Miss]) -> list[str]:
                         fmt_ratio(None if r is None else r[0], None if lim is None else lim[1])
                     )
                     if r is not None and lim is not None and r[0] > lim[1]:
-                        spread = f" (passes {r[1]:.2f}–{r[2]:.2f})" if r[1] != r[2] else ""
+                        spread = f" (passes {r[1]:.2f} to {r[2]:.2f})" if r[1] != r[2] else ""
                         value = f"{r[0]:.2f}{spread}" + _unreachable(group, den, lim[1])
                         misses.append(Miss(lim[0], cat, k[1], mode, f"{num}/{den}", value))
                 body.append(cells)
-            out += _table(header, body) + [""]
+            out += [*_table(header, body), ""]
     return out
 
 
@@ -359,13 +284,7 @@ def compile_sections(res: Results, misses: list[Miss]) -> list[str]:
     out = [
         "## Compilation: cold compile, graphs, graph breaks, recompiles",
         "",
-        "Cold compile: wall time of the first call after `torch.compiler.reset()` (at the start of "
-        "each workload), with the contender's own code object and a private empty inductor cache. "
-        "Each cell of the second table is `graphs / graph breaks / recompiles`: graphs handed to "
-        "the backend by the first call (0 when the function does no tensor work), graph breaks "
-        "(`fullgraph=True`; counted with `torch._dynamo.explain` when it fails) and recompiles "
-        "over the probe batch sizes with `dynamic=True` (`·` = not probed); `+n on repeated "
-        "calls` counts graphs compiled again when the same inputs were passed again.",
+        "### Cold compile (s)",
         "",
     ]
     pairs = [(s, TC_PAIRS[s]) for s in SUBJECTS if s in names and TC_PAIRS[s] in names]
@@ -390,7 +309,8 @@ def compile_sections(res: Results, misses: list[Miss]) -> list[str]:
             if r is not None and r > TARGETS["cold_compile"].limit:
                 misses.append(Miss("cold_compile", k[0], k[1], k[2], f"{a}/{b}", f"{r:.2f}"))
         body.append(cells)
-    out += _table(header, body) + [""]
+    out += [*_table(header, body), ""]
+    out += ["### graphs / graph breaks / recompiles (`·` = not probed)", ""]
     body = []
     for k in keys:
         group = res.rows[k]
@@ -415,7 +335,7 @@ def compile_sections(res: Results, misses: list[Miss]) -> list[str]:
                 why = str(e.info.get("recompile_reason", ""))[:200]
                 misses.append(Miss("recompiles", k[0], k[1], k[2], c, f"{r} ({why})"))
         body.append(cells)
-    out += _table(["category", "workload", "mode", *names], body) + [""]
+    out += [*_table(["category", "workload", "mode", *names], body), ""]
     return out
 
 
@@ -447,26 +367,19 @@ def target_summary(res: Results, misses: list[Miss]) -> list[str]:
         status = "not measured" if n == 0 else (f"{MET} met" if not missed else f"{MISS} missed")
         worst = ", ".join(sorted({m.workload for m in missed}))[:300]
         rows.append([t.text, str(n), str(len(missed)), status, worst])
-    return _table(["target", "rows checked", "rows missed", "status", "missed in"], rows) + [""]
+    return [*_table(["target", "rows checked", "rows missed", "status", "missed in"], rows), ""]
 
 
-def miss_notes(misses: list[Miss]) -> list[str]:
-    """The "why, and what would fix it" section."""
+def missed_rows(misses: list[Miss]) -> list[str]:
+    """One table row per (target, workload, mode, ratio) that misses its target."""
     if not misses:
         return ["No target is missed.", ""]
-    out: list[str] = []
-    by_target: dict[str, list[Miss]] = defaultdict(list)
-    for m in misses:
-        by_target[m.target].append(m)
-    for key, ms in by_target.items():
-        out += [f"### {TARGETS[key].text}", ""]
-        generic = MISS_NOTES.get((key, "*"), "")
-        for m in ms:
-            note = MISS_NOTES.get((key, m.workload), "")
-            line = f"- `{m.workload}` ({m.category}, {m.mode}, {m.subject}) = {m.value}"
-            out.append(line + (f": {note}" if note else ""))
-        out += ["", f"**Why, and what would fix it.** {generic or 'Not analysed yet.'}", ""]
-    return out
+    rows = [
+        [TARGETS[m.target].text, m.workload, m.category, m.mode, m.subject, m.value]
+        for m in sorted(misses, key=lambda m: list(TARGETS).index(m.target))
+    ]
+    header = ["target", "workload", "category", "mode", "ratio", "value"]
+    return [*_table(header, rows), ""]
 
 
 def machine_section(res: Results) -> list[str]:
@@ -497,26 +410,6 @@ def machine_section(res: Results) -> list[str]:
     return ["## Machine and versions", "", *_table(["", ""], rows), ""]
 
 
-METHOD = """\
-## How it is measured
-
-- pytest-benchmark times each (workload, mode, contender) in its own test; the contenders of a
-  workload and mode run next to each other, and with `--bench-passes N` the whole group is
-  repeated N times in alternating order (c1..cN, cN..c1, ...). Per pass the statistic is
-  pytest-benchmark's median per call (GC disabled); a contender's time is the median over passes,
-  and every ratio is the median over passes of the ratio measured *within* one pass, so the slow
-  drifts of this shared, noisy machine cancel out. The `passes a–b` ranges of missed rows show
-  how much the per-pass ratios moved.
-- Before timing, the first pass checks that every contender returned the same leaves (shapes,
-  dtypes, sums) and that each compiled result equals its eager result.
-- Compiled means `torch.compile(fn, fullgraph=True)` with inductor (`mode="reduce-overhead"` only
-  on CUDA), timed after 2 calls; the recompile probe uses `dynamic=True` and a Dynamo-only
-  counting backend (recompile decisions do not depend on the backend).
-- Workload sizes are tiny on purpose (scalars, [16, 4], [100, 8]): the numbers measure Python,
-  dispatch and guard overhead, which is what a container adds, not kernel speed.
-"""
-
-
 def workloads_section(res: Results) -> list[str]:
     """The workload descriptions (first docstring line of each)."""
     if not res.docs:
@@ -536,23 +429,20 @@ def render(res: Results, chart: str | None = None, title: str = "tdfunc benchmar
     lines = [
         f"# {title}",
         "",
-        "Generated by `python -m compile_benchmarks.run` (`make bench`) from pytest-benchmark JSON; "
-        "do not edit by hand. Times are medians per call in µs; a ratio below 1 means tdfunc is "
-        f"faster. {MISS} marks a row that misses its target.",
+        "Generated by `python -m compile_benchmarks.run`; do not edit by hand. How it is "
+        "measured, how to read it and why targets are missed: `compile_benchmarks/README.md`.",
+        "",
+        f"Times: median µs per call. Ratios: tdfunc time / other time. {MISS}: misses its target.",
         "",
     ]
     if res.meta.get("quick"):
-        lines += [
-            "> **Quick smoke run**: one round per benchmark and a Dynamo-only backend; the "
-            "times and ratios below are not measurements. Run `make bench` for those.",
-            "",
-        ]
+        lines += ["> **Quick smoke run** (1 round, Dynamo-only backend): not measurements.", ""]
     lines += ["## Targets", "", *target_summary(res, misses)]
     if chart:
         lines += [f"![tdfunc ratios]({chart})", ""]
     lines += ["## Per-call times and ratios", "", *timing, *comp]
-    lines += ["## Missed targets: why, and what would fix it", "", *miss_notes(misses)]
-    lines += machine_section(res) + [METHOD] + workloads_section(res)
+    lines += ["## Missed targets", "", *missed_rows(misses)]
+    lines += [*machine_section(res), *workloads_section(res)]
     return "\n".join(lines).rstrip() + "\n"
 
 
