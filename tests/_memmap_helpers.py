@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 import tdfunc
-from tdfunc.memmap import _store as _memmap_store
 from tdfunc.memmap import MemoryMappedTensor, load, save
+from tdfunc.memmap import _store as _memmap_store
 
 GRANDCHILD_TIMEOUT_S = 60.0
 
@@ -279,11 +279,155 @@ def _write_c(store: str) -> float:
     return float(td["k0"][0])
 
 
+# ------------------------------------------------------------------------------ races
+#: the two versions a writer alternates between: different values, dtypes and layouts
+VERSIONS = {
+    "a": {"value": 1.5, "n_leaves": 4, "numel": 4096, "dtype": "float32"},
+    "b": {"value": 2.5, "n_leaves": 7, "numel": 1000, "dtype": "float64"},
+}
+
+
+def version_td(name: str) -> Any:
+    v = VERSIONS[name]
+    dtype = getattr(torch, v["dtype"])
+    return tdfunc.TensorDict(
+        {f"k{i}": torch.full((v["numel"],), v["value"], dtype=dtype) for i in range(v["n_leaves"])},
+        batch_size=[v["numel"]],
+    )
+
+
+def writer_loop(path: str, seconds: float) -> dict[str, Any]:
+    """Replace the store at ``path`` with version a, b, a, ... for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    tds = [version_td("a"), version_td("b")]
+    saves = 0
+    while time.monotonic() < deadline:
+        save(tds[saves % 2], path, overwrite=True)
+        saves += 1
+    return {"saves": saves}
+
+
+def race_saves(work: str, rounds: int) -> dict[str, Any]:
+    """Per round, two forked processes save different stores to one new path at the same
+    moment (``overwrite=False``). Reports each round's outcomes and what the path holds."""
+    out = []
+    for i in range(rounds):
+        path = os.path.join(work, f"race{i}")
+        go_r, go_w = os.pipe()
+        kids = []
+        for value in (1.0, 2.0):
+            res_r, res_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - child
+                os.close(go_w)
+                os.read(go_r, 1)
+                try:
+                    save(_store_td(value), path)
+                    msg = f"ok {value}"
+                except BaseException as e:  # report the exception type to the parent
+                    msg = f"{type(e).__name__} {value}"
+                os.write(res_w, msg.encode())
+                os._exit(0)
+            os.close(res_w)
+            kids.append((pid, res_r))
+        os.close(go_r)
+        os.write(go_w, b"gg")  # both start together
+        os.close(go_w)
+        results = []
+        for pid, res_r in kids:
+            os.waitpid(pid, 0)
+            results.append(os.read(res_r, 1000).decode())
+            os.close(res_r)
+        leftovers = [d for d in os.listdir(work) if d.startswith(f".race{i}.")]
+        out.append({"results": sorted(results), "state": _state(path), "leftovers": leftovers})
+    return {"rounds": out}
+
+
+# ------------------------------------------------------------------------------ torch APIs
+def _api(store: str, mode: str, what: str) -> Any:
+    td = load(store, mode=mode)
+    leaf = td["k0"]
+    if what == "data_ptr":
+        return leaf.data_ptr() == leaf._inner.data_ptr() != 0
+    if what == "share_memory_":
+        leaf.share_memory_()
+        return float(leaf.sum())
+    if what == "from_dlpack":
+        t = torch.from_dlpack(leaf)
+        t[0] = 9.0
+        return float(leaf[0])
+    if what == "from_dlpack_copy":
+        return float(torch.from_dlpack(leaf.__dlpack__(copy=True)).sum())
+    if what == "untyped_storage_copy":
+        leaf.untyped_storage().copy_(torch.full((leaf.numel(),), 9.0).untyped_storage())
+        return float(leaf[0])
+    if what == "untyped_storage_read":
+        s = leaf.untyped_storage()
+        return [s.nbytes(), float(torch.empty(0).set_(s)[0])]
+    if what == "storage_fill":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TypedStorage is deprecated
+            leaf.storage().fill_(0)
+        return float(leaf[0])
+    if what == "storage_read":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return [leaf.storage().size(), float(leaf.storage()[0])]
+    if what == "numpy_from_dlpack":
+        return float(np.from_dlpack(leaf)[0])
+    raise AssertionError(what)
+
+
+API_CALLS = (
+    "data_ptr",
+    "share_memory_",
+    "from_dlpack",
+    "from_dlpack_copy",
+    "untyped_storage_copy",
+    "untyped_storage_read",
+    "storage_fill",
+    "storage_read",
+    "numpy_from_dlpack",
+)
+
+
+def torch_apis(work: str) -> dict[str, Any]:
+    """Each storage-level torch call on a loaded leaf of each mode, in its own forked process
+    (a crash kills only that one), and whether the data file changed."""
+    store = os.path.join(work, "s")
+    save(_store_td(1.0, n_leaves=1, numel=64), store)
+    data_file = data_path(store)
+    out: dict[str, Any] = {}
+    for mode in ("r", "r+", "c"):
+        for what in API_CALLS:
+            with open(data_file, "rb") as f:
+                before = f.read()
+            rep = isolated(lambda m=mode, w=what: _api(store, m, w))
+            with open(data_file, "rb") as f:
+                rep["file_changed"] = f.read() != before
+            out[f"{mode} {what}"] = rep
+            if rep["file_changed"]:
+                save(_store_td(1.0, n_leaves=1, numel=64), store, overwrite=True)
+                data_file = data_path(store)
+    return out
+
+
 def main() -> None:
-    """``root-checks WORKDIR`` or ``permission-checks STORE``: print one JSON report."""
+    """``root-checks WORKDIR``, ``permission-checks STORE``, ``writer PATH SECONDS``,
+    ``race-saves WORKDIR ROUNDS`` or ``torch-apis WORKDIR``: print one JSON report."""
     what, arg = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)  # no OpenMP pool: the forked children use torch safely
-    rep = root_checks(arg) if what == "root-checks" else permission_checks(arg)
+    if what == "root-checks":
+        rep = root_checks(arg)
+    elif what == "permission-checks":
+        rep = permission_checks(arg)
+    elif what == "writer":
+        print("STARTED", flush=True)
+        rep = writer_loop(arg, float(sys.argv[3]))
+    elif what == "race-saves":
+        rep = race_saves(arg, int(sys.argv[3]))
+    else:
+        rep = torch_apis(arg)
     print("REPORT " + json.dumps(rep), flush=True)
 
 

@@ -748,7 +748,7 @@ def _open_member(
     except PermissionError as e:
         raise PermissionError(e.errno, e.strerror.replace(repr(name), repr(full), 1)) from None
     except OSError as e:
-        if e.errno == errno.ELOOP:
+        if e.errno in (errno.ELOOP, errno.EISDIR):
             raise E.MemmapFormatError(
                 E.MEMBER_LINK.format(manifest=manifest_path, name=name)
             ) from None
