@@ -43,8 +43,8 @@ LINT_PATHS := tdfunc tests examples compile_benchmarks
 # Every step runs, so one report lists all problems; the target fails if any step failed.
 lint: $(STAMP)
 	@rc=0; \
-	$(PY) -m ruff check $(LINT_PATHS) || rc=1; \
-	$(PY) -m ruff format --check $(LINT_PATHS) || rc=1; \
+	$(PY) -m ruff check --output-format concise $(LINT_PATHS) || rc=1; \
+	$(PY) -m ruff format --check --output-format concise $(LINT_PATHS) || rc=1; \
 	$(PY) -m mypy || rc=1; \
 	exit $$rc
 
