@@ -197,3 +197,68 @@ def test_vmap_ensemble(measure: Callable[..., Any], mode: str, contender: str) -
         make_args=make_args,
         members=MEMBERS,
     )
+
+
+# ----------------------------------------------------------------------------- module state
+def resnet_style(seed: int = 0) -> nn.Module:
+    """Two residual conv + batch-norm blocks and a linear head, in training mode."""
+
+    class Block(nn.Module):
+        def __init__(self, c: int) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(c)
+            self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(c)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(x + self.bn2(self.conv2(h)))
+
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(inplace=True),
+        Block(16),
+        Block(16),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    ).train()
+
+
+@pytest.mark.parametrize("contender", ["tdfunc", "torch_func"])
+def test_train_mode_forward(measure: Callable[..., Any], mode: str, contender: str) -> None:
+    """ResNet-style forward in train mode ([8, 3, 16, 16]): output and new batch-norm state.
+
+    ``tdfunc``: ``functional_call(..., return_state=True)`` (the state is never written; only
+    the running statistics come back as new tensors). ``torch_func``: plain
+    ``torch.func.functional_call`` on a dict, which updates the statistics in place in it.
+    """
+    model = resnet_style()
+    if contender == "tdfunc":
+        state: Any = tnn.from_module(model).detach()
+
+        def run(s: Any, x: torch.Tensor) -> Any:
+            return tnn.functional_call(model, s, (x,), return_state=True)
+
+    else:
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+        def run(s: Any, x: torch.Tensor) -> Any:
+            return torch.func.functional_call(model, s, (x,)), s
+
+    def make_args(n: int) -> tuple[Any, ...]:
+        g = torch.Generator().manual_seed(n)
+        return state, torch.randn(n, 3, 16, 16, generator=g)
+
+    measure(
+        run,
+        *make_args(8),
+        workload="train_mode_forward",
+        mode=mode,
+        contender=contender,
+        category=CATEGORY,
+        doc="ResNet-style conv+BN net in train mode: output and updated running statistics",
+    )
