@@ -1,4 +1,4 @@
-"""``TensorTree``: the methods shared by TensorDict and tensorclasses.
+"""``Container``: the methods shared by TensorDict and tensorclasses.
 
 Every method is one line of sugar over a pure function of :mod:`tdfunc._ops`.
 """
@@ -18,10 +18,10 @@ from . import _ops as ops
 from ._keys import ABSENT, Key, as_path, get_path, is_key
 from ._tree import KeyPath, Node, leaves, shallow_copy
 
-T = TypeVar("T", bound="TensorTree")
+T = TypeVar("T", bound="Container")
 
 
-class TensorTree(Node):
+class Container(Node):
     """Base class of :class:`tdfunc.TensorDict` and ``@tdfunc.tensorclass`` types.
 
     It holds the batch size and device; subclasses hold the children.
@@ -452,10 +452,10 @@ _SUPPORTED = (Tensor, int, float, bool, complex)
 
 
 def _binop(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
-    if not (isinstance(a, (TensorTree, *_SUPPORTED)) and isinstance(b, (TensorTree, *_SUPPORTED))):
+    if not (isinstance(a, (Container, *_SUPPORTED)) and isinstance(b, (Container, *_SUPPORTED))):
         a, b = ops.as_operand(a), ops.as_operand(b)
         if not (
-            isinstance(a, (TensorTree, *_SUPPORTED)) and isinstance(b, (TensorTree, *_SUPPORTED))
+            isinstance(a, (Container, *_SUPPORTED)) and isinstance(b, (Container, *_SUPPORTED))
         ):
             return NotImplemented
     return ops.binary(op, a, b)

@@ -117,7 +117,7 @@ NOT_A_SUBTREE = (
 
 # ---- control flow (cond / while_loop / scan)
 #: A result whose structure differs from the expected one (``{what}`` names the function).
-STRUCTURE = (
+CONTROL_STRUCTURE = (
     "{what} returned a different structure than {expected_what}: missing keys: {missing}; "
     "extra keys: {extra}{detail}"
 )

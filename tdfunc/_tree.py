@@ -111,12 +111,14 @@ def describe_child(v: Any, indent: int) -> str:
 
 
 def is_node(x: Any) -> bool:
-    """True for a TensorDict or tensorclass instance.
+    """True for a container: a TensorDict or tensorclass instance (``tdfunc.is_container``).
 
     Example:
         >>> import torch, tdfunc
-        >>> tdfunc.is_node(tdfunc.TensorDict(a=torch.zeros(1))), tdfunc.is_node(torch.zeros(1))
-        (True, False)
+        >>> tdfunc.is_container(tdfunc.TensorDict(a=torch.zeros(1)))
+        True
+        >>> tdfunc.is_container(torch.zeros(1))
+        False
     """
     return isinstance(x, Node)
 

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from . import _errors as E
 from . import _ops as ops
-from ._base import TensorTree
+from ._base import Container
 from ._keys import MISSING, as_path, fmt_key, get_path, is_key, missing_message, set_path, walk
 from ._tree import KeyPath, as_batch_size, is_node, register
 
@@ -58,7 +58,7 @@ def convert_value(
     )
 
 
-class TensorDict(TensorTree):
+class TensorDict(Container):
     """An immutable mapping from string keys to tensors (or nested containers) whose leading
     ``batch_size`` dims are shared by every leaf.
 
@@ -408,13 +408,3 @@ register(TensorDict, _from_context, "tdfunc.TensorDict", pytree.MappingKey, optr
 # TensorDicts: the rebuild function only re-assembles already-unpickled tensors.
 torch.serialization.add_safe_globals([TensorDict, _rebuild_tensordict])
 
-
-def from_dict(
-    d: Mapping[str, Any],
-    *,
-    batch_size: Sequence[int] | None = None,
-    batch_dims: int | None = None,
-    device: torch.device | str | None = None,
-) -> TensorDict:
-    """Module-level alias of :meth:`TensorDict.from_dict`."""
-    return TensorDict.from_dict(d, batch_size=batch_size, batch_dims=batch_dims, device=device)

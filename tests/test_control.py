@@ -10,9 +10,8 @@ import torch
 from helpers import check_compiled, compare
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from tdfunc import TensorDict, tensorclass
+from tdfunc import TensorDict, cond, scan, tensorclass, while_loop
 from tdfunc import _errors as E
-from tdfunc.control import cond, scan, while_loop
 from tdfunc.testing import assert_close
 
 
@@ -198,7 +197,7 @@ def test_while_loop_body_structure_mismatch_names_the_keys():
         while_loop(
             lambda i, s: i < 3, lambda i, s: (i + 1, s.exclude(("n", "c"))), (torch.tensor(0), t)
         )
-    expected = E.STRUCTURE.format(
+    expected = E.CONTROL_STRUCTURE.format(
         what="while_loop body_fn",
         expected_what="carried_inputs",
         missing="[1]['n']['c']",

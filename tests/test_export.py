@@ -12,10 +12,9 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from tdfunc import TensorDict, tensorclass
+from tdfunc import TensorDict, cond, tensorclass
 from tdfunc._errors import NOT_A_BATCH_DIM
 from tdfunc._export import dynamic_batch_shapes
-from tdfunc.control import cond
 from tdfunc.testing import assert_close
 
 

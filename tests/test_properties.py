@@ -83,6 +83,6 @@ def test_no_op_modifies_its_input(td, op_index):
     out = OPS[op_index](td)
     assert_close(td, before)
     assert td.keys(True) == keys
-    if tdfunc.is_node(out):
+    if tdfunc.is_container(out):
         for x in out.leaves():
             assert isinstance(x, torch.Tensor)

@@ -137,7 +137,7 @@ def assert_classes(result, like):
         for r in result:
             assert_classes(r, like)
         return
-    if not tdfunc.is_node(result):
+    if not tdfunc.is_container(result):
         return
     assert type(result) is type(like)
     if is_tensorclass(like):

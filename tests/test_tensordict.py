@@ -63,7 +63,7 @@ def test_from_dict_batch_dims_and_batch_size():
     assert TensorDict.from_dict(d, batch_dims=2).batch_size == torch.Size([2, 3])
     assert TensorDict.from_dict(d, batch_size=[2]).batch_size == torch.Size([2])
     assert TensorDict.from_dict(d).batch_size == torch.Size([])
-    assert tdfunc.from_dict(d, batch_dims=1)["b"].batch_size == torch.Size([2])
+    assert TensorDict.from_dict(d, batch_dims=1)["b"].batch_size == torch.Size([2])
 
 
 def test_from_dict_errors():

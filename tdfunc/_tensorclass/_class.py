@@ -1,6 +1,6 @@
 """``@tensorclass``: frozen, typed dataclasses whose tensor fields share a batch size.
 
-A tensorclass is a :class:`tdfunc.TensorTree` like :class:`tdfunc.TensorDict`: every shared
+A tensorclass is a :class:`tdfunc.Container` like :class:`tdfunc.TensorDict`: every shared
 operation (indexing, reshape, arithmetic, ``apply``, ``to``, reductions, ``tdfunc.stack`` /
 ``tdfunc.cat``...) works on it and returns an instance of the same class. Its fields live in
 ``__slots__`` (a fixed attribute layout that ``torch.compile`` guards on cheaply), and it is a
@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 
 from .. import _errors as E
 from .. import _ops as ops
-from .._base import TensorTree
+from .._base import Container
 from .._keys import as_path, get_path, is_key, missing_message, set_path
 from .._tree import describe_child, is_node, register
 from ..tensordict import TensorDict
@@ -59,7 +59,7 @@ _PSEUDO_FIELDS: dict[str, dataclasses.Field] = {
 }
 
 
-class _TensorClass(TensorTree):
+class _TensorClass(Container):
     """Base of every ``@tensorclass`` type: the methods that do not depend on the fields."""
 
     __slots__ = ()
@@ -341,7 +341,7 @@ def _classify(
 
 def _slotted(dc: type, names: tuple[str, ...]) -> type:
     """A new class with ``dc``'s body, its fields as ``__slots__`` and :class:`_TensorClass`
-    (hence :class:`TensorTree`) among its bases."""
+    (hence :class:`Container`) among its bases."""
     dropped = ("__dict__", "__weakref__", "__setattr__", "__delattr__")  # frozen via _TensorClass
     ns = {k: v for k, v in dc.__dict__.items() if k not in names and k not in dropped}
     inherited_slots = {s for b in dc.__mro__[1:] for s in getattr(b, "__slots__", ())}
@@ -362,7 +362,7 @@ def _build(cls: type, serialized_type_name: str | None, localns: Mapping[str, An
         raise TypeError(
             f"@tensorclass {cls.__name__}: do not define __slots__; the fields become slots"
         )
-    if any(issubclass(b, TensorTree) and not issubclass(b, _TensorClass) for b in cls.__bases__):
+    if any(issubclass(b, Container) and not issubclass(b, _TensorClass) for b in cls.__bases__):
         raise TypeError(f"@tensorclass {cls.__name__}: cannot inherit from TensorDict")
     _check_names(cls)
     # a real frozen dataclass: fields, defaults, default_factory, kw_only, InitVar, ClassVar
@@ -448,7 +448,7 @@ def tensorclass(cls: type | None = None, /, *, serialized_type_name: str | None 
       ``object.__setattr__(self, name, value)``, as in any frozen dataclass.
     * Frozen: assigning a field raises :class:`dataclasses.FrozenInstanceError`; use
       ``t.replace(name=value)`` or ``dataclasses.replace(t, name=value)``.
-    * Every :class:`tdfunc.TensorTree` operation works and keeps the class; comparisons are
+    * Every :class:`tdfunc.Container` operation works and keeps the class; comparisons are
       elementwise. Subclasses add fields and must be decorated too.
     * Registered with ``torch.utils._pytree`` (``GetAttrKey`` key paths, serialized type name
       ``module.qualname`` unless ``serialized_type_name`` is given, so ``torch.export``

@@ -29,7 +29,7 @@ class ChildSpec(typing.NamedTuple):
     """How a child field is checked: which kinds of value it accepts."""
 
     tensor: bool  # accepts a torch.Tensor
-    nodes: tuple[type, ...]  # accepted node types (TensorDict, tensorclasses, TensorTree)
+    nodes: tuple[type, ...]  # accepted node types (TensorDict, tensorclasses, Container)
     mapping: bool  # a plain mapping is turned into a TensorDict
     optional: bool  # None is allowed
     ann: str  # the annotation, for messages
@@ -161,7 +161,6 @@ def child_value(
         _check_prefix(cls, name, value._batch_size, batch_size)
         return value
     if spec.mapping and isinstance(value, Mapping) and not is_node(value):
-
         return TensorDict._build(value, batch_size, device, (name,))
     raise TypeError(
         E.NOT_A_CHILD.format(

@@ -145,7 +145,7 @@ def _check_structure(expected: Any, got: Any, what: str, expected_what: str) -> 
     if pytree.tree_structure(got) != pytree.tree_structure(expected):
         missing, extra, detail = _difference(expected, got)
         raise ValueError(
-            E.STRUCTURE.format(
+            E.CONTROL_STRUCTURE.format(
                 what=what, expected_what=expected_what, missing=missing, extra=extra, detail=detail
             )
         )
