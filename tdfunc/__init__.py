@@ -24,6 +24,7 @@ from typing import Any
 from . import _collate, nn, testing
 from ._base import Container
 from ._control import cond, scan, while_loop
+from ._errors import KeysDifferError, NodeTypesDifferError, StructureError
 from ._export import dynamic_batch_shapes
 from ._ops import cat, empty_like, full_like, ones_like, stack, zeros_like
 from ._tensorclass import is_tensorclass, tensorclass
@@ -95,8 +96,11 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "OPTREE_NAMESPACE",
     "Container",
+    "KeysDifferError",
     "MemmapFormatError",
     "MemoryMappedTensor",
+    "NodeTypesDifferError",
+    "StructureError",
     "TensorDict",
     "__version__",
     "cat",
