@@ -111,11 +111,24 @@ def _state(path: str) -> Any:
 
 
 def _old_dirs(parent: str, name: str) -> list[Any]:
-    return [
+    """What the hidden temporary directories of saves to ``name`` hold, for those that load."""
+    states = [
         _state(os.path.join(parent, d))
         for d in sorted(os.listdir(parent))
-        if d.startswith(f".{name}.old-")
+        if d.startswith((f".{name}.old-", f".{name}.saving-"))
     ]
+    return [st for st in states if st is not None]
+
+
+def _hidden(parent: str, name: str) -> list[str]:
+    return [d for d in os.listdir(parent) if d.startswith(f".{name}.")]
+
+
+def _state_or_error(path: str) -> Any:
+    try:
+        return _state(path)
+    except Exception as e:  # a partial store: report the error type
+        return type(e).__name__
 
 
 # ------------------------------------------------------------------------------ root checks
@@ -191,17 +204,8 @@ def root_checks(work: str) -> dict[str, Any]:
             _memmap_store.write_tensor = write_then_die
         elif stage == "before_rename":  # data and manifest written, nothing renamed
             _memmap_store.fsync_dir = killer
-        elif stage == "between_renames":  # old store moved aside, new not yet in place
-            real_rename = os.rename
-            calls2 = []
-
-            def rename_then_die(a: str, b: str) -> None:
-                if calls2:
-                    killer()
-                calls2.append(1)
-                real_rename(a, b)
-
-            os.rename = rename_then_die
+        elif stage == "after_exchange":  # new store in place, old one in the temporary dir
+            _memmap_store._sync_after_commit = killer
         elif stage == "before_cleanup":  # new store in place, old not yet deleted
             _memmap_store.shutil.rmtree = killer
         save(_store_td(2.0), path, overwrite=overwrite)
@@ -210,7 +214,7 @@ def root_checks(work: str) -> dict[str, Any]:
         ("data", False),
         ("data", True),
         ("before_rename", True),
-        ("between_renames", True),
+        ("after_exchange", True),
         ("before_cleanup", True),
     ):
         name = f"kill_{stage}_{'overwrite' if overwrite else 'fresh'}"
@@ -220,6 +224,8 @@ def root_checks(work: str) -> dict[str, Any]:
         rep = isolated(lambda s=stage, p=path, o=overwrite: kill_during(s, p, o))
         rep["state"] = _state(path)
         rep["old"] = _old_dirs(work, name)
+        save(_store_td(3.0), path, overwrite=True)  # the next save removes the leftovers
+        rep["after_next_save"] = {"state": _state(path), "hidden": _hidden(work, name)}
         out[name] = rep
 
     # kills at random moments of a loop of overwriting saves
@@ -270,6 +276,9 @@ def permission_checks(store: str) -> dict[str, Any]:
     out["from_filename_r"] = attempt(
         lambda: MemoryMappedTensor.from_filename(data_file, torch.float32, (4,)).tolist()
     )
+    work = os.path.dirname(store)
+    out["unreadable_data"] = attempt(lambda: load(os.path.join(work, "noread")))
+    out["no_search"] = attempt(lambda: load(os.path.join(work, "nosearch")))
     return out
 
 

@@ -26,12 +26,11 @@ from hypothesis import strategies as st
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
-from tdfunc import TensorDict
+from tdfunc import TensorDict, tensorclass
+from tdfunc.memmap import MemmapFormatError, MemoryMappedTensor, load, memmap_like, save
 from tdfunc.memmap import _errors as E
 from tdfunc.memmap import _store as S
 from tdfunc.memmap._tensor import DTYPES
-from tdfunc.memmap import MemmapFormatError, MemoryMappedTensor, load, memmap_like, save
-from tdfunc import tensorclass
 from tdfunc.testing import assert_close
 
 HERE = Path(__file__).resolve().parent
@@ -397,8 +396,7 @@ def test_dataloader_workers_read_and_write_a_store(tmp_path):
         if mark:
             assert store["seen"].tolist() == [1.0] * n  # the workers' writes, via the file
             assert (
-                np.fromfile(data_path(tmp_path / "s"), dtype=np.float32)[-n:].tolist()
-                == [1.0] * n
+                np.fromfile(data_path(tmp_path / "s"), dtype=np.float32)[-n:].tolist() == [1.0] * n
             )
         else:
             assert store["seen"].sum().item() == 0.0
@@ -905,14 +903,17 @@ def test_read_only_bypasses_and_killed_saves_in_child_processes():
     expected = {
         "kill_data_fresh": (None, []),
         "kill_data_overwrite": (old, []),
-        "kill_before_rename_overwrite": (old, []),
-        "kill_between_renames_overwrite": (None, [old]),  # nothing at the path, old kept aside
+        "kill_before_rename_overwrite": (old, [new]),  # the finished, uncommitted new store
+        "kill_after_exchange_overwrite": (new, [old]),  # the old one not yet deleted
         "kill_before_cleanup_overwrite": (new, [old]),
     }
     for name, (state, kept) in expected.items():
         r = rep[name]
         assert r.get("signal") == 9, r  # it really was killed mid-save
-        assert r["state"] == state and r["old"] == kept, (name, r)
+        assert r["state"] == state, (name, r)
+        assert r["old"] == kept, (name, r)
+        # the next save to the path removes what the killed one left behind
+        assert r["after_next_save"] == {"state": {"values": [3.0], "keys": 4}, "hidden": []}
     for r in rep["kill_loop"]:
         st = r["state"]
         if st is None:  # killed between the two renames: the previous store is kept aside
@@ -963,6 +964,10 @@ def test_files_without_write_permission():
             os.chmod(os.path.join(store, f), 0o444)
         os.chmod(store, 0o555)
         before = file_bytes(data_path(store))
+        for name in ("noread", "nosearch"):
+            save(TensorDict(k0=torch.ones(4), batch_size=[4]), os.path.join(work, name))
+        os.chmod(os.path.join(work, "noread", "data.bin"), 0o000)
+        os.chmod(os.path.join(work, "nosearch"), 0o644)  # readable, not searchable
         rep, errors = None, []
         for label, how in _unprivileged_runs():
             prefix = how.pop("prefix", [])
@@ -994,6 +999,11 @@ def test_files_without_write_permission():
             assert re.match("PermissionError: " + fmt(E.NOT_WRITABLE), rep[key]), rep[key]
             assert data in rep[key]
         assert rep["from_filename_r"] == "ok: [3.0, 3.0, 3.0, 3.0]"
+        noread = os.path.join(work, "noread", "data.bin")
+        assert rep["unreadable_data"].startswith("PermissionError: cannot open ")
+        assert noread in rep["unreadable_data"]
+        assert rep["no_search"].startswith("PermissionError: cannot open the store directory")
+        assert os.path.join(work, "nosearch") in rep["no_search"]
         assert file_bytes(data) == before
     finally:
         for dirpath, _, _ in os.walk(work):

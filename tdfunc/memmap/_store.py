@@ -75,6 +75,7 @@ from ._tensor import (
     DTYPES,
     MemoryMappedTensor,
     _libc,
+    _permission_error,
     check_leaf,
     check_mode,
     create_unique,
@@ -746,7 +747,7 @@ def _open_member(
             raise _Replaced from None
         raise FileNotFoundError(missing) from None
     except PermissionError as e:
-        raise PermissionError(e.errno, e.strerror.replace(repr(name), repr(full), 1)) from None
+        raise _permission_error(e.errno, str(e).replace(repr(name), repr(full), 1)) from None
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.EISDIR):
             raise E.MemmapFormatError(
@@ -770,7 +771,7 @@ def _open_version(path: str, mode: str) -> Any:
     except (FileNotFoundError, NotADirectoryError):
         raise FileNotFoundError(E.NOT_FOUND.format(path=path)) from None
     except PermissionError as e:
-        raise PermissionError(
+        raise _permission_error(
             e.errno, E.NO_STORE_ACCESS.format(path=path, reason=e.strerror)
         ) from None
     try:
@@ -785,7 +786,7 @@ def _open_version(path: str, mode: str) -> Any:
             )
         except PermissionError as e:
             if e.errno == errno.EACCES and not os.access(path, os.X_OK):
-                raise PermissionError(
+                raise _permission_error(
                     e.errno, E.NO_STORE_ACCESS.format(path=path, reason=e.strerror)
                 ) from None
             raise

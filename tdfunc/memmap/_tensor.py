@@ -707,6 +707,13 @@ class _Mapping:
         _libc.munmap(self.addr, self.size)
 
 
+def _permission_error(err: int | None, message: str) -> PermissionError:
+    """A ``PermissionError`` whose text is exactly ``message`` (and whose ``errno`` is set)."""
+    e = PermissionError(message)
+    e.errno = err
+    return e
+
+
 def open_fd(filename: str, mode: str, *, dir_fd: int | None = None, follow: bool = True) -> int:
     """A descriptor of ``filename`` opened for ``mode`` (read-write only for ``"r+"``).
 
@@ -721,10 +728,10 @@ def open_fd(filename: str, mode: str, *, dir_fd: int | None = None, follow: bool
         return os.open(filename, flags, dir_fd=dir_fd)
     except PermissionError as e:
         if mode == "r+":
-            raise PermissionError(
+            raise _permission_error(
                 e.errno, E.NOT_WRITABLE.format(filename=filename, reason=e.strerror)
             ) from None
-        raise PermissionError(
+        raise _permission_error(
             e.errno, E.NOT_READABLE.format(filename=filename, reason=e.strerror)
         ) from None
 
