@@ -132,6 +132,29 @@ class Container(Node):
         """
         return get_path(self, as_path(key), default)
 
+    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
+        """Keys of the entries (``None`` fields are skipped): strings at the top level, tuples
+        below it when ``include_nested``; ``leaves_only`` keeps tensor entries only.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(1), n={"b": torch.ones(1)})
+            >>> td.keys(), td.keys(include_nested=True, leaves_only=True)
+            (['a', 'n'], ['a', ('n', 'b')])
+        """
+        return [k for k, _ in self.items(include_nested, leaves_only)]
+
+    def values(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
+        """Values in the order of :meth:`keys`."""
+        return [v for _, v in self.items(include_nested, leaves_only)]
+
+    def items(
+        self, include_nested: bool = False, leaves_only: bool = False
+    ) -> list[tuple[Any, Any]]:
+        """``(key, value)`` pairs in the order of :meth:`keys`."""
+        pairs = _keys.walk(self, leaves_only=leaves_only, include_nested=include_nested)
+        return [(p[0] if len(p) == 1 else p, v) for p, v in pairs]
+
     def __contains__(self, key: object) -> bool:
         return get_path(self, as_path(key), ABSENT) is not ABSENT
 
@@ -445,6 +468,10 @@ class Container(Node):
         name = getattr(func, "__name__", "")
         if name in _ELEMENTWISE:
             return ops.elementwise(func, args, kwargs)
+        if name in _PYTREE_PASSTHROUGH:
+            # functions that take any pytree of tensors: containers are pytrees already
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
         return NotImplemented
 
 
@@ -499,6 +526,10 @@ _TORCH_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.all: lambda x, dim=None: ops.all_(x, dim),
     torch.any: lambda x, dim=None: ops.any_(x, dim),
 }
+
+#: torch functions that accept arbitrary pytrees (higher-order ops such as
+#: ``torch.compiler.nested_compile_region``): called as they are.
+_PYTREE_PASSTHROUGH = frozenset({"invoke_subgraph_placeholder", "invoke_subgraph"})
 
 _ELEMENTWISE = frozenset(
     """add sub mul div true_divide floor_divide remainder pow eq ne lt le gt ge maximum minimum

@@ -13,7 +13,7 @@ from torch import Tensor
 from . import _errors as E
 from . import _ops as ops
 from ._base import Container
-from ._keys import MISSING, as_path, fmt_key, get_path, is_key, missing_message, set_path, walk
+from ._keys import MISSING, as_path, fmt_key, get_path, is_key, missing_message, set_path
 from ._tree import KeyPath, as_batch_size, is_node, register
 
 KeyLike = str | tuple[str, ...]
@@ -231,8 +231,7 @@ class TensorDict(Container):
         tuples below it."""
         if not include_nested and not leaves_only:
             return list(self._data.items())
-        pairs = walk(self, leaves_only=leaves_only, include_nested=include_nested)
-        return [(p[0] if len(p) == 1 else p, v) for p, v in pairs]
+        return super().items(include_nested, leaves_only)
 
     # ------------------------------------------------------------------ functional updates
     def set(self, key: KeyLike, value: Any) -> TensorDict:
@@ -407,4 +406,3 @@ register(TensorDict, _from_context, "tdfunc.TensorDict", pytree.MappingKey, optr
 # torch.load(weights_only=True) (used by torch.export.load for example inputs) may rebuild
 # TensorDicts: the rebuild function only re-assembles already-unpickled tensors.
 torch.serialization.add_safe_globals([TensorDict, _rebuild_tensordict])
-

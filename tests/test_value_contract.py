@@ -365,3 +365,52 @@ def test_structure_errors_have_one_type_per_kind():
     for fn in (lambda: tdfunc.stack([t1, t2]), lambda: t1 + t2):
         with pytest.raises(E.NodeTypesDifferError, match="different node types"):
             fn()
+
+
+# ---------------------------------------------------------------------------- tensorclass parity
+def test_tensorclass_membership_means_keys():
+    t = TcA(x=torch.zeros(2), y=torch.ones(2), batch_size=[2])
+    assert "x" in t and "z" not in t and ("x",) in t
+    t0 = TcA(x=torch.zeros(()), y=torch.ones(()))
+    assert "x" in t0  # batch_size=(): no iteration involved
+
+
+def test_tensorclass_keys_values_items_flatten_keys():
+    td = TensorDict(y=torch.ones(2), batch_size=[2])
+
+    @tensorclass
+    class Rec:
+        x: torch.Tensor
+        extra: TensorDict | None = None
+
+    r = Rec(torch.zeros(2), extra=td, batch_size=[2])
+    assert r.keys() == ["x", "extra"]
+    assert r.keys(include_nested=True, leaves_only=True) == ["x", ("extra", "y")]
+    assert r.values()[0] is r.x and r.items()[1][1] is r.extra
+    assert Rec(torch.zeros(2), batch_size=[2]).keys() == ["x"]  # None fields are not entries
+    flat = r.flatten_keys()
+    assert type(flat) is TensorDict and flat.keys() == ["x", "extra.y"]
+
+
+def test_symbolic_scalar_batch_size_exports_with_a_dynamic_batch():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return TensorDict(x=x * 2, batch_size=x.shape[0])
+
+    ep = torch.export.export(
+        M(), (torch.randn(4, 3),), dynamic_shapes={"x": {0: torch.export.Dim("b")}}
+    )
+    out = ep.module()(torch.randn(7, 3))
+    assert out.batch_size == (7,) and out["x"].shape == (7, 3)
+
+
+def test_nested_compile_region_takes_a_container():
+    @torch.compiler.nested_compile_region
+    def inner(t):
+        return t * 2 + 1
+
+    td = TensorDict(a=torch.ones(3), n={"b": torch.zeros(3)}, batch_size=[3])
+    f, cnt = _compiled(lambda t: inner(inner(t)))
+    out = f(td)
+    assert_close(out, (td * 2 + 1) * 2 + 1)
+    assert cnt.frame_count == 1

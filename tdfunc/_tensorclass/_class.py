@@ -177,6 +177,20 @@ class _TensorClass(Container):
         """
         return _as_tensordict(self)
 
+    def flatten_keys(self, sep: str = ".") -> TensorDict:
+        """A flat :class:`TensorDict` of the data fields: ``self.to_tensordict().flatten_keys(sep)``.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> @tdfunc.tensorclass
+            ... class P:
+            ...     x: torch.Tensor
+            ...     extra: tdfunc.TensorDict | None = None
+            >>> P(torch.zeros(2), extra={"y": torch.ones(2)}, batch_size=[2]).flatten_keys().keys()
+            ['x', 'extra.y']
+        """
+        return _as_tensordict(self).flatten_keys(sep)
+
     @classmethod
     def from_tensordict(cls: type[_C], td: Any, /, **static: Any) -> _C:
         """Build an instance from a TensorDict whose keys are (some of) the data fields.
