@@ -263,10 +263,19 @@ def same_structure(a: Any, b: Any) -> bool:
 # --------------------------------------------------------------------------------------
 # pytree registration
 # --------------------------------------------------------------------------------------
-def _context(node: Node) -> tuple:
+def _context(node: Node, children: Sequence[Any]) -> tuple:
+    """The pytree context of ``node`` whose children are ``children`` (one pass over them).
+
+    ``(keys, batch_dims, child_ndims, device, empty_batch, static, leafless)``: ``child_ndims``
+    holds each child's ndim (batch ndim for nodes; -1 for a ``None`` field, -2 for a
+    non-tensor); ``leafless`` the positions of node children without tensor leaves (they
+    follow the parent's batch size at unflatten); ``empty_batch`` the absolute batch size,
+    kept only when no child carries tensors.
+    """
     ndims = []
+    leafless = []
     has_ref = False
-    for v in node._tdf_children():
+    for i, v in enumerate(children):
         if isinstance(v, Tensor):
             ndims.append(v.ndim)
             has_ref = True
@@ -274,11 +283,13 @@ def _context(node: Node) -> tuple:
             ndims.append(-1)  # a None field: kept in the structure, not among the children
         elif isinstance(v, Node):
             ndims.append(len(v._batch_size))
-            has_ref = has_ref or has_leaves(v)
+            if has_leaves(v):
+                has_ref = True
+            else:
+                leafless.append(i)
         else:
             ndims.append(-2)  # a non-tensor child (e.g. the ints of a vmap in_dims tree)
     dev = node._device
-    # absolute sizes only when no child can carry them (a node without tensor leaves)
     return (
         node._tdf_keys(),
         len(node._batch_size),
@@ -286,13 +297,14 @@ def _context(node: Node) -> tuple:
         None if dev is None else str(dev),
         None if has_ref else tuple([int(s) for s in node._batch_size]),
         node._tdf_static(),
+        tuple(leafless),
     )
 
 
 def flatten(node: Node) -> tuple[list[Any], tuple]:
     """pytree flatten: children (``None`` fields stay in the structure, not the children)."""
-    children = [v for v in node._tdf_children() if v is not None]
-    return children, _context(node)
+    ch = node._tdf_children()
+    return [v for v in ch if v is not None], _context(node, ch)
 
 
 _is_batched = torch._C._functorch.is_batchedtensor
@@ -318,65 +330,63 @@ def _check_vmap_input(leaf: Tensor, batch_dims: int, key: str) -> None:
 
 
 def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
-    """Batch size of a node rebuilt from ``children`` under context ``ctx``.
+    """Batch size of a node rebuilt from ``children`` (``None`` fields put back) under ``ctx``.
 
     Taken from the first child that carries tensors: the change of its ndim since flatten
     tells how many batch dims a transform added or removed. Nodes without tensor leaves
     carry no information and are skipped. Returns None when the children are not tensors
     (e.g. pytree ``in_dims`` trees).
     """
-    keys, bd, ndims, _dev, empty, _static = ctx
-    it = iter(children)
-    for i, nd in enumerate(ndims):
-        if nd == -1:
+    keys, bd, ndims, _dev, empty, _static, leafless = ctx
+    for i, (c, nd) in enumerate(zip(children, ndims)):
+        if nd == -1 or i in leafless:
             continue
-        c = next(it)
         if isinstance(c, Tensor):
             new_bd = bd + c.ndim - nd
             if new_bd == bd - 1 and _is_batched(c):
                 _check_vmap_input(c, bd, keys[i])
             return c.shape[: max(new_bd, 0)]
         if isinstance(c, Node):
-            first = _first_tensor(c)
-            if first is None:
-                continue  # no leaves: no information about the batch dims
             new_bd = bd + len(c._batch_size) - nd
-            if new_bd == bd - 1 and _is_batched(first):
-                _check_vmap_input(first, bd, keys[i])
+            if new_bd == bd - 1:
+                first = _first_tensor(c)
+                if first is not None and _is_batched(first):
+                    _check_vmap_input(first, bd, keys[i])
             return c._batch_size[: max(new_bd, 0)]
         return None
     return torch.Size(empty if empty is not None else ())
 
 
 def _follow_parent(
-    children: Sequence[Any], ndims: Sequence[int], bd: int, bs: torch.Size
+    children: list[Any], leafless: Sequence[int], ndims: Sequence[int], bd: int, bs: torch.Size
 ) -> list[Any]:
-    """Children that are nodes without tensor leaves take the parent's batch size ``bs``
-    followed by their own extra dims (they cannot tell a transform's batch dims themselves)."""
-    out = list(children)
-    for i, (c, nd) in enumerate(zip(children, ndims)):
-        if isinstance(c, Node) and _first_tensor(c) is None:
-            extra = max(nd - bd, 0)
-            cb = c._batch_size
-            want = bs + cb[len(cb) - extra :] if extra else bs
-            if want != cb:
-                out[i] = map_leaves(c, [], want)
-    return out
+    """Node children without tensor leaves take the parent's batch size ``bs`` followed by
+    their own extra dims (they cannot tell a transform's batch dims themselves)."""
+    for i in leafless:
+        c = children[i]
+        if not isinstance(c, Node):
+            continue
+        extra = max(ndims[i] - bd, 0)
+        cb = c._batch_size
+        want = bs + cb[len(cb) - extra :] if extra else bs
+        if want != cb:
+            children[i] = map_leaves(c, [], want)
+    return children
 
 
 def unflatten_with(cls_rebuild: Callable[..., Any], children: Sequence[Any], ctx: tuple) -> Any:
     """Shared unflatten: put ``None`` fields back, derive batch size, rebuild."""
-    keys, bd, ndims, dev, _empty, static = ctx
+    keys, bd, ndims, dev, _empty, static, leafless = ctx
     if -1 in ndims:
         it = iter(children)
-        full: Sequence[Any] = [None if nd == -1 else next(it) for nd in ndims]
+        full: list[Any] = [None if nd == -1 else next(it) for nd in ndims]
     else:
-        full = children
-    bs = derive_batch_size(children, ctx)
+        full = list(children)
+    bs = derive_batch_size(full, ctx)
     if bs is None:
         bs = torch.Size(())
-    elif any(isinstance(c, Node) for c in full):
-        full = _follow_parent(full, ndims, bd, bs)
+    elif leafless:
+        full = _follow_parent(full, leafless, ndims, bd, bs)
     device = None if dev is None else torch.device(dev)
     return cls_rebuild(keys, full, bs, device, static)
 
@@ -394,15 +404,15 @@ def register(
     """
 
     def _unflatten(children: Any, ctx: tuple) -> Any:
-        return unflatten_with(rebuild_from_context, list(children), ctx)
+        return unflatten_with(rebuild_from_context, children, ctx)
 
     def _flatten_with_keys(node: Node) -> tuple[list[tuple[Any, Any]], tuple]:
-        ks = node._tdf_keys()
-        pairs = [(key_entry(k), v) for k, v in zip(ks, node._tdf_children()) if v is not None]
-        return pairs, _context(node)
+        ks, ch = node._tdf_keys(), node._tdf_children()
+        pairs = [(key_entry(k), v) for k, v in zip(ks, ch) if v is not None]
+        return pairs, _context(node, ch)
 
     def _to_dumpable(ctx: tuple) -> Any:
-        keys, bd, ndims, dev, empty, static = ctx
+        keys, bd, ndims, dev, empty, static, leafless = ctx
         return [
             list(keys),
             bd,
@@ -410,10 +420,11 @@ def register(
             dev,
             None if empty is None else list(empty),
             _static_to_json(static),
+            list(leafless),
         ]
 
     def _from_dumpable(obj: Any) -> tuple:
-        keys, bd, ndims, dev, empty, static = obj
+        keys, bd, ndims, dev, empty, static, leafless = obj
         return (
             tuple(keys),
             int(bd),
@@ -421,6 +432,7 @@ def register(
             dev,
             None if empty is None else tuple(empty),
             _static_from_json(static),
+            tuple(leafless),
         )
 
     pytree.register_pytree_node(
@@ -437,10 +449,10 @@ def register(
         ks = node._tdf_keys()
         ch = node._tdf_children()
         kept = [k for k, v in zip(ks, ch) if v is not None]
-        return [v for v in ch if v is not None], _context(node), tuple(kept)
+        return [v for v in ch if v is not None], _context(node, ch), tuple(kept)
 
     def _optree_unflatten(ctx: tuple, children: Any) -> Any:
-        return unflatten_with(rebuild_from_context, list(children), ctx)
+        return unflatten_with(rebuild_from_context, children, ctx)
 
     optree.register_pytree_node(
         cls,
