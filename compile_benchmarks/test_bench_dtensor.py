@@ -1,6 +1,6 @@
 """DTensor containers on gloo ranks: coalesced compiled redistribution and send/recv strategies.
 
-The timing runs inside the spawned ranks (``tdfunc.distributed.launch``): before each round
+The timing runs inside the spawned ranks (``tdfunc.distributed._launch.launch``): before each round
 every rank meets at a barrier, each rank times its own call, and a round's time is the
 slowest rank's (an all-reduce MAX). The ranks report the per-round times back; the parent
 replays them through pytest-benchmark with a replay timer, so the JSON and the report carry
@@ -39,6 +39,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import tdfunc
 from tdfunc import distributed as tdd
+from tdfunc.distributed._launch import launch
 
 N_LEAVES = 64
 LEAF_SHAPE = (8, 4)
@@ -208,7 +209,7 @@ CLOCK = ReplayClock()
 @pytest.fixture(scope="module")
 def redistribute_results(bench_quick: bool) -> dict[str, Any]:
     rounds = 5 if bench_quick else 30
-    out = tdd.launch(
+    out = launch(
         redistribute_ranks,
         2,
         args=(rounds, not bench_quick),
@@ -221,7 +222,7 @@ def redistribute_results(bench_quick: bool) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def transfer_results(bench_quick: bool) -> dict[str, Any]:
     rounds = 3 if bench_quick else 20
-    out = tdd.launch(
+    out = launch(
         transfer_ranks,
         4,
         args=(rounds, "aot_eager"),
@@ -243,7 +244,7 @@ def _median(xs: list[float]) -> float:
 
 @pytest.mark.benchmark(timer=CLOCK.now)
 @pytest.mark.parametrize(
-    "mode, contender",
+    ("mode", "contender"),
     [
         ("eager", "dtensor"),
         ("eager", "tdfunc"),

@@ -9,6 +9,8 @@ rank and its traceback.
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import time
 from typing import Any
 
@@ -18,9 +20,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import tdfunc
+from tdfunc import distributed as tdd
 from tdfunc.distributed import _plan as _dist_plan
 from tdfunc.distributed import _transfer as wire
-from tdfunc import distributed as tdd
 
 
 # --------------------------------------------------------------------------------------
@@ -75,7 +77,7 @@ def caught(fn: Any) -> list[str]:
     """``[exception type name, message]`` of ``fn()``, or ``["", ""]`` if it did not raise."""
     try:
         fn()
-    except Exception as e:  # noqa: BLE001 - recorded for the test process
+    except Exception as e:
         return [type(e).__name__, str(e.args[0]) if e.args else ""]
     return ["", ""]
 
@@ -152,7 +154,7 @@ def sweep(
         }
         try:
             expected = [x.redistribute(mesh, dst) for x in leaves.values()]
-        except Exception:  # noqa: BLE001 - a transition DTensor itself does not support
+        except Exception:
             skipped += 1
             continue
         td = tdfunc.TensorDict(leaves)
@@ -546,7 +548,8 @@ def run_four(rank: int, world: int) -> dict[str, Any]:
         res["err_send_mixed"] = caught(lambda: tdd.send(mixed, peer))
         tdd.send(s, peer)  # err_recv_dim
         res["err_recv_not_in_mesh"] = caught(lambda: tdd.send(s, peer))
-        dist.send(torch.zeros(wire.HEADER_LEN, dtype=torch.int64), peer)  # not our protocol
+        # our tag, not our protocol
+        dist.send(torch.zeros(wire.HEADER_LEN, dtype=torch.int64), peer, tag=wire.HEADER_TAG)
     else:
         crossed = 1 if rank == 2 else 0
         res["err_crossed"] = caught(lambda: tdd.recv(crossed, mesh=mesh_b))
@@ -583,3 +586,96 @@ def sleeps(rank: int, world: int) -> int:
     """Never finishes in time."""
     time.sleep(600)
     return rank
+
+
+def rank_one_exits(rank: int, world: int, how: str) -> int:
+    """Rank 1 fails in the way ``how`` says while rank 0 waits for it in a barrier (and then
+    fails itself, having lost its peer)."""
+    if rank == 1:
+        time.sleep(0.3)  # rank 0 is in the barrier by now
+        if how == "exit":
+            os._exit(3)
+        if how == "raise":
+            raise RuntimeError("boom on purpose")
+        os.kill(os.getpid(), getattr(signal, how))
+    dist.barrier()
+    return rank
+
+
+def returns_tensors(rank: int, world: int) -> dict[str, Any]:
+    """Tensors come back by value (not as handles to this process's memory)."""
+    return {"x": torch.arange(4) + rank, "y": torch.full((2, 2), float(rank))}
+
+
+def returns_unpicklable(rank: int, world: int) -> Any:
+    """Rank 1's result cannot be pickled."""
+    return rank if rank == 0 else (lambda: rank)
+
+
+# --------------------------------------------------------------------------------------
+# ranks that disagree
+# --------------------------------------------------------------------------------------
+def run_disagree(rank: int, world: int) -> dict[str, Any]:
+    """Ranks ask for different placements, structures, shapes and dtypes: every rank raises
+    the same ValueError before any data moves, and the group stays usable."""
+    mesh = init_device_mesh("cpu", (world,))
+    res: dict[str, Any] = {}
+    base = tdfunc.TensorDict(a=reference_full((4, 6), 1), b=reference_full((4,), 2))
+    sharded = tdd.distribute(base, mesh, [Shard(0)])
+    mine = [Replicate()] if rank == 0 else [Shard(0)]  # gather vs. stay: both valid
+    res["placements"] = caught(lambda: tdd.redistribute(sharded, mine))
+    invalid = [Replicate()] if rank == 0 else [Shard(1)]  # 'b' has one dim: rank 1 rejects
+    res["rejected"] = caught(lambda: tdd.redistribute(sharded, invalid))
+    res["rejected_distribute"] = caught(lambda: tdd.distribute(base, mesh, invalid))
+    extra = sharded if rank == 0 else sharded.set("c", sharded["b"])
+    res["keys"] = caught(lambda: tdd.redistribute(extra, [Replicate()]))
+    res["full_keys"] = caught(lambda: tdd.full_tensor(extra))
+    shapes = base if rank == 0 else base.set("b", reference_full((6,), 2))
+    res["distribute_shapes"] = caught(lambda: tdd.distribute(shapes, mesh, [Shard(0)]))
+    dtypes = base if rank == 0 else base.apply(lambda x: x.double())
+    res["distribute_dtypes"] = caught(lambda: tdd.distribute(dtypes, mesh, [Replicate()]))
+    res["distribute_src"] = caught(
+        lambda: tdd.distribute(base, mesh, [Replicate()], src_data_rank=rank)
+    )
+    # the group still works, and agreeing ranks get the right values
+    out = tdd.redistribute(sharded, [Replicate()])
+    res["after_values"] = compare_leaves(
+        out.leaves(), [x.redistribute(mesh, [Replicate()]) for x in sharded.leaves()]
+    )
+    res["cached"] = caught(lambda: tdd.redistribute(sharded, [Replicate()]))
+    dist.barrier()
+    return res
+
+
+# --------------------------------------------------------------------------------------
+# peers that never answer, and messages that are not ours
+# --------------------------------------------------------------------------------------
+def run_silent_peers(rank: int, world: int) -> dict[str, Any]:
+    """Four ranks, two broken pairings (with gloo, a timeout closes every connection of the
+    rank that timed out, so each rank times out at most once):
+
+    * (0, 1): rank 0 sends a plain ``dist.send`` message larger than a transfer header to
+      rank 1, which waits in ``recv``: rank 1 times out naming rank 0 (it used to abort);
+      then rank 0 waits in ``recv`` for rank 2, which never sends;
+    * (3, 2): rank 3 sends to rank 2, which never receives.
+    """
+    import datetime
+
+    res: dict[str, Any] = {}
+    td = tdfunc.TensorDict(x=torch.arange(6.0))
+    res["bad_timeout"] = caught(lambda: tdd.recv((rank + 1) % world, timeout=-1.0))
+    if rank == 0:
+        work = dist.isend(torch.zeros(64, dtype=torch.int64), 1)  # tag 0, 512 bytes
+        try:
+            work.wait(datetime.timedelta(seconds=20))
+            res["stray"] = "delivered"
+        except RuntimeError:
+            res["stray"] = "not delivered"
+        res["recv_silent"] = caught(lambda: tdd.recv(2, timeout=1.5))
+    elif rank == 1:
+        res["stray_recv"] = caught(lambda: tdd.recv(0, timeout=1.0))
+    elif rank == 2:
+        time.sleep(4.0)  # never answers
+    else:
+        res["send_silent"] = caught(lambda: tdd.send(td, 2, timeout=1.0))
+    return res

@@ -1,7 +1,7 @@
 """tdfunc.distributed: DTensor containers, compiled coalesced redistribution, send/recv.
 
 Multi-process checks run once per module in real gloo process groups (2 and 4 CPU ranks,
-spawned by ``tdfunc.distributed.launch``, which always terminates); the rank functions live in
+spawned by the launcher of ``tdfunc.distributed._launch``, which always terminates); the rank functions live in
 ``tests/_dist_workers.py`` and return plain values asserted on here. The layout math of the
 coalesced buffers is also checked in-process by simulating every rank of a mesh.
 """
@@ -22,11 +22,12 @@ from hypothesis import strategies as st
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from tdfunc import distributed as tdd
 from tdfunc.distributed import _errors as E
-from tdfunc.distributed import _launch as _dist_launch
+from tdfunc.distributed import _placements as codec
 from tdfunc.distributed import _plan as P
 from tdfunc.distributed import _transfer as wire
-from tdfunc import distributed as tdd
+from tdfunc.distributed._launch import RankError, free_port, launch
 
 pytestmark = pytest.mark.slow
 
@@ -36,19 +37,19 @@ pytestmark = pytest.mark.slow
 # --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def two() -> list[dict[str, Any]]:
-    return tdd.launch(W.run_two, 2, timeout=240, pg_timeout=60)
+    return launch(W.run_two, 2, timeout=240, pg_timeout=60)
 
 
 @pytest.fixture(scope="module")
 def four() -> list[dict[str, Any]]:
-    return tdd.launch(W.run_four, 4, timeout=240, pg_timeout=60)
+    return launch(W.run_four, 4, timeout=240, pg_timeout=60)
 
 
 # --------------------------------------------------------------------------------------
 # in-process: placements JSON
 # --------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "p, obj",
+    ("p", "obj"),
     [
         (Shard(0), {"type": "shard", "dim": 0}),
         (Shard(3), {"type": "shard", "dim": 3}),
@@ -59,17 +60,17 @@ def four() -> list[dict[str, Any]]:
     ],
 )
 def test_placement_json_round_trip(p: Any, obj: dict[str, Any]) -> None:
-    enc = tdd.encode_placement(p)
+    enc = codec.encode_placement(p)
     assert enc == obj
     assert json.loads(json.dumps(enc)) == obj  # plain JSON, no str(p)
-    assert tdd.decode_placement(json.loads(json.dumps(enc))) == p
-    assert tdd.decode_placements(tdd.encode_placements([p, Replicate()])) == (p, Replicate())
+    assert codec.decode_placement(json.loads(json.dumps(enc))) == p
+    assert codec.decode_placements(codec.encode_placements([p, Replicate()])) == (p, Replicate())
 
 
 @pytest.mark.parametrize("bad", [{"type": "shard"}, {"type": "nope"}, "Shard(0)", None])
 def test_placement_json_rejects(bad: Any) -> None:
-    with pytest.raises(ValueError) as e:
-        tdd.decode_placement(bad)
+    with pytest.raises(ValueError, match="cannot decode placement") as e:
+        codec.decode_placement(bad)
     assert str(e.value) == E.BAD_PLACEMENT_JSON.format(obj=bad)
 
 
@@ -78,7 +79,7 @@ def test_placement_json_rejects_unknown_kind() -> None:
         pass
 
     with pytest.raises(TypeError) as e:
-        tdd.encode_placement(Odd(), ("a", "b"))
+        codec.encode_placement(Odd(), ("a", "b"))
     assert str(e.value) == E.UNENCODABLE_PLACEMENT.format(
         key="('a', 'b')", placement=Odd(), typ="Odd"
     )
@@ -86,7 +87,7 @@ def test_placement_json_rejects_unknown_kind() -> None:
 
 def test_transfer_metadata_checks() -> None:
     tree = [1, {"type": "nowhere.Type", "context": None, "children_spec": []}]
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ValueError, match="not registered in this process") as e:
         wire.check_tree_types(tree)
     assert str(e.value) == E.UNKNOWN_NODE_TYPE.format(name="nowhere.Type")
     wire.check_tree_types(
@@ -99,7 +100,7 @@ def test_transfer_metadata_checks() -> None:
             },
         ]
     )
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ValueError, match="cannot be sent") as e:
         wire._mesh_fields((1,) * 9, None)
     assert str(e.value) == E.MESH_TOO_LARGE.format(max=wire.MAX_MESH_DIMS, ndim=9)
     assert wire._read_mesh(wire._mesh_fields((2, 3), (1, 2))) == ((2, 3), (1, 2))
@@ -109,7 +110,7 @@ def test_transfer_metadata_checks() -> None:
 def test_dtype_names_round_trip() -> None:
     for dt in (torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64):
         assert wire.dtype_from_name(wire.dtype_name(dt)) is dt
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown dtype 'Tensor'"):
         wire.dtype_from_name("Tensor")
 
 
@@ -191,7 +192,7 @@ def test_coalesced_layout_matches_dtensor_chunks(case: tuple[Any, ...]) -> None:
 
 
 @pytest.mark.parametrize(
-    "shape, mesh_shape, src, dst, expect",
+    ("shape", "mesh_shape", "src", "dst", "expect"),
     [
         ((4, 6), (2,), (Shard(0),), (Replicate(),), True),  # even
         ((5, 3), (2,), (Shard(0),), (Replicate(),), True),  # uneven: padded
@@ -225,7 +226,8 @@ def test_each_transition_gets_its_own_code_object() -> None:
     plans = [P.Plan(None, ()), P.Plan(None, (P.make_group(False, (), (), (), (), (), (), ()),))]
     fns = [P.compiled(p, "eager") for p in plans]
     codes = [f._torchdynamo_orig_callable.__code__ for f in fns]
-    assert codes[0] is not codes[1] and codes[0] is not P.run_plan.__code__
+    assert codes[0] is not codes[1]
+    assert codes[0] is not P.run_plan.__code__
     assert P.compiled(plans[0], "eager") is fns[0]  # cached by value
     assert P.compiled(P.Plan(None, ()), "eager") is fns[0]
     tdd.cache_clear()
@@ -237,26 +239,27 @@ def test_each_transition_gets_its_own_code_object() -> None:
 # --------------------------------------------------------------------------------------
 def test_launcher_reports_failing_rank() -> None:
     t = time.monotonic()
-    with pytest.raises(tdd.RankError) as e:
-        tdd.launch(W.rank_one_fails, 2, timeout=120, pg_timeout=60, grace=1.0)
+    with pytest.raises(RankError) as e:
+        launch(W.rank_one_fails, 2, timeout=120, pg_timeout=60, grace=1.0)
     assert e.value.rank == 1
-    assert "rank 1 of 2 failed" in str(e.value) and "boom on purpose" in str(e.value)
+    assert "rank 1 of 2 failed" in str(e.value)
+    assert "boom on purpose" in str(e.value)
     assert "Traceback" in str(e.value)
     assert time.monotonic() - t < 100  # rank 0 was killed, not waited for (pg timeout 60 s)
 
 
 def test_launcher_deadline_kills() -> None:
     t = time.monotonic()
-    with pytest.raises(tdd.RankError) as e:
-        tdd.launch(W.sleeps, 1, timeout=2.0)
+    with pytest.raises(RankError) as e:
+        launch(W.sleeps, 1, timeout=2.0)
     assert str(e.value).startswith(
-        _dist_launch.RANK_TIMEOUT.format(ranks=[0], world_size=1, timeout=2.0, done=[])[:40]
+        E.RANK_TIMEOUT.format(ranks=[0], world_size=1, timeout=2.0, done=[])[:40]
     )
     assert time.monotonic() - t < 30
 
 
 def test_free_port() -> None:
-    assert 0 < tdd.free_port() < 65536
+    assert 0 < free_port() < 65536
 
 
 # --------------------------------------------------------------------------------------
@@ -348,14 +351,16 @@ def test_traced_inside_user_compile(two: list[dict[str, Any]]) -> None:
         assert r["outer_frames"] == 1
         assert r["outer_collectives"] == ["all_gather_into_tensor"]
         assert r["outer_recompiles"] == 0
-        assert r["to_local_compiled"] and r["to_local_frames"] == 1
+        assert r["to_local_compiled"]
+        assert r["to_local_frames"] == 1
 
 
 def test_sweep_1d_matches_dtensor(two: list[dict[str, Any]]) -> None:
     for r in two:
         s = r["sweep"]
         assert s["worst"] == 0.0
-        assert s["done"] >= 9 and s["coalesced"] >= s["done"]
+        assert s["done"] >= 9
+        assert s["coalesced"] >= s["done"]
 
 
 def test_redistribute_errors(two: list[dict[str, Any]]) -> None:
@@ -461,7 +466,8 @@ def test_send_recv_local(four: list[dict[str, Any]]) -> None:
         assert r["recv_grad"] is True
         assert r["recv_mesh"] == [2, 3]
         assert r["recv_batch"] == []
-    assert four[2]["recv_plain"] == [0, 1, 2, 3] and four[3]["recv_plain"] == [1, 2, 3, 4]
+    assert four[2]["recv_plain"] == [0, 1, 2, 3]
+    assert four[3]["recv_plain"] == [1, 2, 3, 4]
 
 
 def test_send_recv_local_ships_only_shards(four: list[dict[str, Any]]) -> None:
@@ -493,7 +499,8 @@ def test_recv_redistributes_in_one_graph(four: list[dict[str, Any]]) -> None:
 
 def test_tensorclass_travels(four: list[dict[str, Any]]) -> None:
     for r in four[2:]:
-        assert r["tc_type"] == "Pair" and r["tc_values"] == 0.0
+        assert r["tc_type"] == "Pair"
+        assert r["tc_values"] == 0.0
 
 
 def test_bad_pairings_raise_on_both_sides(four: list[dict[str, Any]]) -> None:

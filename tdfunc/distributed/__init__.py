@@ -12,9 +12,12 @@ ordinary value here: every function takes one and returns a new one of the same 
 * :func:`send`, :func:`recv`: move a sharded container between groups of ranks in one
   consolidated message per peer, with structured JSON metadata (never pickle).
 
-Every function runs on every rank of the mesh (collectives inside), like DTensor itself.
-The examples below run in a one-process gloo group; real programs start one process per rank
-(see :func:`launch`).
+Every function runs on every rank of the mesh (collectives inside), like DTensor itself; the
+ranks check once per transition that they ask for the same one (``ValueError`` on all of them
+otherwise, never mixed data). :func:`send` / :func:`recv` wait for their peer at most
+``timeout`` seconds. The examples below run in a one-process gloo group; real programs start
+one process per rank (``torchrun``; ``examples/dtensor_transfer.py`` uses the small launcher
+of the tests).
 
 Example:
     >>> import torch, torch.distributed as dist, tdfunc
@@ -43,27 +46,23 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_tensor
 
+from .._keys import fmt_key, walk
+from .._tree import KeyPath, leaves_with_paths, map_leaves
 from . import _errors as E
+from . import _placements as codec
 from . import _plan as plan_mod
 from . import _transfer as wire
-from ._launch import RankError, free_port, launch
-from ._placements import (
-    PlacementSpec,
-    decode_placement,
-    decode_placements,
-    encode_placement,
-    encode_placements,
-    normalize,
-    resolve,
-)
-from ._mesh import check_node, common_mesh, describe_mesh, node_paths, rebuild_batch
-from .._keys import fmt_key
-from .._tree import KeyPath, leaves_with_paths, map_leaves
+from ._agree import agree, check, placements_of, reject
+from ._mesh import check_node, common_mesh, describe_mesh, rebatch
+from ._placements import PlacementSpec, normalize, resolve
 
 T = TypeVar("T")
 
 #: torch.compile backend of the redistribution graphs unless ``backend=`` says otherwise.
 DEFAULT_BACKEND = "aot_eager"
+#: seconds each step of :func:`send` / :func:`recv` waits for the peer unless ``timeout=``
+#: says otherwise (``None``: the process group's timeout, 30 minutes by default).
+DEFAULT_TIMEOUT = wire.DEFAULT_TIMEOUT
 
 ShapeSpec = (
     Mapping[str | tuple[str, ...], Sequence[int]] | Callable[[KeyPath, Tensor], Sequence[int]]
@@ -96,7 +95,7 @@ def _targets(
                 memo[nd] = normalize(path, spec, tuple(x.shape), mesh)
             out.append(memo[nd])
         return out
-    asked = resolve(pairs, spec, node_paths(node), type(node).__name__)
+    asked = resolve(pairs, spec, [p for p, _ in walk(node)], type(node).__name__)
     return [
         normalize(path, default(x) if a is None else a, tuple(x.shape), mesh)
         for (path, x), a in zip(pairs, asked)
@@ -155,7 +154,9 @@ def distribute(
     Raises:
         TypeError: a leaf is already a DTensor, or a placement is not a Placement.
         ValueError: wrong number of placements, a shard dim past a leaf's ndim, this rank or
-            ``src_data_rank`` outside the mesh.
+            ``src_data_rank`` outside the mesh; ranks of the mesh that pass containers with
+            different keys, shapes or dtypes or ask for different placements (raised on every
+            rank before any data moves).
         KeyError: the mapping names a key that does not exist.
 
     Example:
@@ -174,10 +175,24 @@ def distribute(
     check_node(td, "distribute")
     _rank_in(mesh, "distribute")
     pairs = leaves_with_paths(td)
-    for path, x in pairs:
-        if isinstance(x, DTensor):
-            raise TypeError(E.ALREADY_DTENSOR.format(key=fmt_key(path)))
-    targets = _targets(td, pairs, placements, mesh, lambda x: [Replicate()] * mesh.ndim)
+    try:
+        for path, x in pairs:
+            if isinstance(x, DTensor):
+                raise TypeError(E.ALREADY_DTENSOR.format(key=fmt_key(path)))
+        targets = _targets(td, pairs, placements, mesh, lambda x: [Replicate()] * mesh.ndim)
+    except (TypeError, ValueError, KeyError):
+        reject("distribute", mesh)  # the other ranks raise too instead of waiting
+        raise
+    check(  # every call: distribute is a one-off that moves the whole container anyway
+        "distribute",
+        f"distribute(src_data_rank={src_data_rank})",
+        mesh,
+        tuple(p for p, _ in pairs),
+        tuple(tuple(x.shape) for _, x in pairs),
+        tuple(x.dtype for _, x in pairs),
+        (),
+        placements_of(targets),
+    )
     values = [x for _, x in pairs]
     if src_data_rank is not None:
         values = _broadcast(values, mesh, src_data_rank)
@@ -228,7 +243,7 @@ def from_local(
     given = (
         [None] * len(pairs)
         if shapes is None
-        else resolve(pairs, shapes, node_paths(td), type(td).__name__)
+        else resolve(pairs, shapes, [p for p, _ in walk(td)], type(td).__name__)
     )
     targets = _targets(td, pairs, placements, mesh, lambda x: [Replicate()] * mesh.ndim)
     new = []
@@ -259,7 +274,7 @@ def from_local(
                 stride=plan_mod.contiguous_stride(shape),
             )
         )
-    return rebuild_batch(td, new)
+    return rebatch(td, new)
 
 
 def to_local(td: T) -> T:
@@ -283,13 +298,14 @@ def to_local(td: T) -> T:
     """
     check_node(td, "to_local")
     new = [x.to_local() if isinstance(x, DTensor) else x for _, x in leaves_with_paths(td)]
-    return rebuild_batch(td, new)
+    return rebatch(td, new)
 
 
 # --------------------------------------------------------------------------------------
 # redistribution
 # --------------------------------------------------------------------------------------
 def _run(
+    op: str,
     pairs: Sequence[tuple[KeyPath, Tensor]],
     mesh: DeviceMesh,
     targets: Sequence[tuple[Placement, ...]],
@@ -298,24 +314,23 @@ def _run(
     unwrap: bool = False,
 ) -> list[Tensor]:
     """New leaves for ``pairs`` (DTensors only) moved to ``targets``; their local shards
-    when ``unwrap``."""
+    when ``unwrap``.
+
+    With ``compile``, the ranks of the mesh first check that they all ask for the same
+    transition (once per cached transition); without it this code may be traced into the
+    caller's graph, where no eager communication can run, so the caller's ranks must agree.
+    """
     sigs = tuple(plan_mod.signature(x, t) for (_, x), t in zip(pairs, targets))  # type: ignore[arg-type]
     if compile:
         plan, order, bad, specs = plan_mod.cached_plan(mesh, sigs)
+        if bad is not None:
+            reject(op, mesh)
+            raise _bad_leaf(pairs, sigs, bad, mesh)
+        agree(op, mesh, tuple(p for p, _ in pairs), sigs)
     else:
         plan, order, bad = plan_mod.build_plan(mesh, sigs)
-    if bad is not None:
-        sig = sigs[bad.index]
-        raise ValueError(
-            E.LOCAL_SHAPE.format(
-                key=fmt_key(pairs[bad.index][0]),
-                local=sig.local,
-                shape=sig.shape,
-                placements=list(sig.src),
-                mesh_shape=tuple(mesh.shape),
-                expected=bad.expected,
-            )
-        )
+        if bad is not None:
+            raise _bad_leaf(pairs, sigs, bad, mesh)
     new = [x for _, x in pairs]
     if not order:
         return [x.to_local() for x in new] if unwrap else new
@@ -348,6 +363,26 @@ def _run(
     for i, y, spec in zip(order, outs, specs):
         new[i] = plan_mod.box(y, spec)
     return new
+
+
+def _bad_leaf(
+    pairs: Sequence[tuple[KeyPath, Tensor]],
+    sigs: Sequence[plan_mod.LeafSig],
+    bad: plan_mod.BadLeaf,
+    mesh: DeviceMesh,
+) -> ValueError:
+    """The error for a leaf whose local shard does not fit its global shape."""
+    sig = sigs[bad.index]
+    return ValueError(
+        E.LOCAL_SHAPE.format(
+            key=fmt_key(pairs[bad.index][0]),
+            local=sig.local,
+            shape=sig.shape,
+            placements=list(sig.src),
+            mesh_shape=tuple(mesh.shape),
+            expected=bad.expected,
+        )
+    )
 
 
 def _merge(
@@ -387,8 +422,9 @@ def redistribute(
             through unchanged).
         placements: as in :func:`distribute`; DTensor leaves left out keep their placements.
         compile: ``True`` runs the cached ``torch.compile(fullgraph=True)`` graph of this
-            transition (compiled on first use); ``False`` runs the same coalesced code eagerly,
-            e.g. inside a function that is itself being compiled.
+            transition (compiled, and checked across the ranks, on first use); ``False`` runs
+            the same coalesced code eagerly, e.g. inside a function that is itself being
+            compiled (no cross-rank check: it would be eager communication inside a graph).
         backend: the ``torch.compile`` backend.
 
     Returns:
@@ -396,7 +432,10 @@ def redistribute(
 
     Raises:
         ValueError: leaves on different meshes, wrong number of placements, a shard dim past
-            a leaf's ndim (the message names the key path).
+            a leaf's ndim (the message names the key path); ranks of the mesh that ask for
+            different placements or pass containers with different keys, global shapes or
+            dtypes (raised on every rank, checked once per cached transition when
+            ``compile=True``).
 
     Example:
         >>> import torch, torch.distributed as dist, tdfunc
@@ -416,8 +455,15 @@ def redistribute(
     if mesh is None:
         return td
     dpairs = [pairs[i] for i in idx]
-    targets = _targets(td, dpairs, placements, mesh, lambda x: x.placements)
-    moved = _run(dpairs, mesh, targets, compile, backend)
+    if compile:
+        try:
+            targets = _targets(td, dpairs, placements, mesh, lambda x: x.placements)
+        except (TypeError, ValueError, KeyError):
+            reject("redistribute", mesh)  # the other ranks raise too instead of waiting
+            raise
+    else:  # may be traced into the caller's graph: no eager communication here
+        targets = _targets(td, dpairs, placements, mesh, lambda x: x.placements)
+    moved = _run("redistribute", dpairs, mesh, targets, compile, backend)
     new = [x for _, x in pairs]
     for i, y in zip(idx, moved):
         new[i] = y
@@ -447,7 +493,7 @@ def full_tensor(td: T, *, compile: bool = True, backend: Any = DEFAULT_BACKEND) 
         return td
     dpairs = [pairs[i] for i in idx]
     targets = [(Replicate(),) * mesh.ndim] * len(dpairs)
-    moved = _run(dpairs, mesh, targets, compile, backend, unwrap=True)
+    moved = _run("full_tensor", dpairs, mesh, targets, compile, backend, unwrap=True)
     new = [x for _, x in pairs]
     for i, y in zip(idx, moved):
         new[i] = y
@@ -457,6 +503,15 @@ def full_tensor(td: T, *, compile: bool = True, backend: Any = DEFAULT_BACKEND) 
 # --------------------------------------------------------------------------------------
 # send / recv
 # --------------------------------------------------------------------------------------
+def _check_timeout(timeout: Any) -> None:
+    """``ValueError`` unless ``timeout`` is None or a positive number of seconds (checked
+    before any message, so the peer sees this rank as silent and times out naming it)."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(E.BAD_TIMEOUT.format(timeout=timeout))
+
+
 def _reason(e: BaseException) -> str:
     return str(e.args[0]) if e.args else type(e).__name__
 
@@ -468,7 +523,7 @@ def _outgoing(td: Any, strategy: str, compile: bool, backend: Any) -> wire.Outgo
     pairs, _, mesh = _dtensor_pairs(td, "send")
     for path, x in pairs:
         if isinstance(x, DTensor):
-            encode_placements(x.placements, path)  # TypeError for placements with no encoding
+            codec.encode_placements(x.placements, path)  # TypeError for placements with no encoding
     sources = [x for _, x in pairs]
     if strategy == "local":
         payload = [x.to_local() if isinstance(x, DTensor) else x for x in sources]
@@ -487,6 +542,7 @@ def send(
     strategy: str = "local",
     compile: bool = True,
     backend: Any = DEFAULT_BACKEND,
+    timeout: float | None = DEFAULT_TIMEOUT,
 ) -> int:
     """Send a (sharded) container to global rank ``dst``; the peer calls :func:`recv`.
 
@@ -507,16 +563,22 @@ def send(
             is built. ``"full"``: gather full tensors over the sending mesh first (a collective
             over it), then ship them; any receiving mesh fits.
         compile, backend: for the gather of ``strategy="full"`` (see :func:`full_tensor`).
+        timeout: seconds each step waits for the peer (:data:`DEFAULT_TIMEOUT`, 120 s, by
+            default; ``None``: the process group's timeout).
 
     Returns:
         The size in bytes of the consolidated message.
 
     Raises:
-        ValueError: a bad strategy, leaves on different meshes, or a receiver that rejected the
-            transfer (its reason is in the message).
+        ValueError: a bad strategy, leaves on different meshes, or a receiver that rejected
+            the transfer (its reason is in the message); a bad ``timeout`` (raised before
+            anything is sent).
+        TimeoutError: the receiver did not take part within ``timeout`` (the message names
+            it and the step; with gloo, this rank's process group is closed afterwards);
+            ConnectionError: the receiver died.
 
     Example:
-        One function runs on every rank (see :func:`launch`; the complete program is
+        One function runs on every rank (the complete program is
         ``examples/dtensor_transfer.py``). Ranks 0 and 1 (mesh A) send to ranks 2 and 3
         (mesh B)::
 
@@ -528,16 +590,16 @@ def send(
                 td = recv(src=rank - 2, mesh=mesh_b, placements=[Replicate()])
                 return full_tensor(td)
 
-            launch(rank_main, 4)
+            launch(rank_main, 4)  # one process per rank
     """
-    device = wire.comm_device(group)
-    rank = dist.get_rank()
+    _check_timeout(timeout)
+    link = wire.Peer("send", dist.get_rank(), dst, group, wire.comm_device(group), timeout)
     try:
         out = _outgoing(td, strategy, compile, backend)
     except (TypeError, ValueError, KeyError) as e:
-        wire.send_error(_reason(e), dst, group, device)
+        wire.send_error(_reason(e), link)
         raise
-    return wire.send_outgoing(out, rank, dst, group, device)
+    return wire.send_outgoing(out, link)
 
 
 def recv(
@@ -548,6 +610,7 @@ def recv(
     placements: PlacementSpec | None = None,
     compile: bool = True,
     backend: Any = DEFAULT_BACKEND,
+    timeout: float | None = DEFAULT_TIMEOUT,
 ) -> Any:
     """Receive what global rank ``src`` sent with :func:`send`; return the same container type.
 
@@ -565,17 +628,25 @@ def recv(
             shape as the sender's mesh, this rank at the sender's coordinate).
         placements: target placements, as in :func:`redistribute`.
         compile, backend: see :func:`redistribute`.
+        timeout: seconds each step waits for the sender (:data:`DEFAULT_TIMEOUT`, 120 s, by
+            default; ``None``: the process group's timeout).
 
     Raises:
         ValueError: the pairing does not fit (also raised on the sender), placements without a
-            mesh or of the wrong length, a shard dim past a leaf's ndim.
+            mesh or of the wrong length, a shard dim past a leaf's ndim; a bad ``timeout``
+            (raised before anything is received).
+        TimeoutError: no transfer from ``src`` within ``timeout`` (also when ``src`` sent
+            something else than a :func:`send`: a plain ``dist.send`` never lands in a
+            transfer); ConnectionError: the sender died. The message names ``src`` and the
+            step; with gloo, this rank's process group is closed after a timeout.
 
     Example:
         See :func:`send`: the same ``rank_main`` runs :func:`send` on mesh A and this function on
         mesh B (complete program: ``examples/dtensor_transfer.py``).
     """
-    device = wire.comm_device(group)
-    inc = wire.receive(src, dist.get_rank(), group, device, mesh, placements)
+    _check_timeout(timeout)
+    link = wire.Peer("recv", dist.get_rank(), src, group, wire.comm_device(group), timeout)
+    inc = wire.receive(link, mesh, placements)
     leaves: list[Tensor] = []
     for entry, t in zip(inc.meta["leaves"], inc.tensors):
         x: Tensor = t
@@ -583,7 +654,7 @@ def recv(
             target = torch.device(mesh.device_type)
             local = t if t.device.type == target.type else t.to(target)
             if entry["kind"] == "dtensor":
-                pl = decode_placements(entry["placements"])
+                pl = codec.decode_placements(entry["placements"])
             else:
                 pl = (Replicate(),) * mesh.ndim
             shape = tuple(entry["shape"])
@@ -613,21 +684,41 @@ def cache_clear() -> None:
     """
     plan_mod.compiled.cache_clear()
     plan_mod.cached_plan.cache_clear()
+    agree.cache_clear()
+
+
+#: names that moved out of the public API: where they live now, and what to use instead
+_MOVED = {
+    "launch": ("._launch", "a test helper, not part of the API; use torchrun or your launcher"),
+    "free_port": ("._launch", "a test helper, not part of the API"),
+    "RankError": ("._launch", "a test helper, not part of the API"),
+    "encode_placement": ("._placements", "send/recv encode placements themselves"),
+    "encode_placements": ("._placements", "send/recv encode placements themselves"),
+    "decode_placement": ("._placements", "send/recv decode placements themselves"),
+    "decode_placements": ("._placements", "send/recv decode placements themselves"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Deprecated aliases (for one release) of the names listed in ``_MOVED``."""
+    moved = _MOVED.get(name)
+    if moved is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    module, instead = moved
+    warnings.warn(E.DEPRECATED.format(name=name, instead=instead), DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(module, __name__), name)
 
 
 __all__ = [
     "DEFAULT_BACKEND",
-    "RankError",
+    "DEFAULT_TIMEOUT",
     "cache_clear",
-    "decode_placement",
-    "decode_placements",
     "distribute",
-    "encode_placement",
-    "encode_placements",
-    "free_port",
     "from_local",
     "full_tensor",
-    "launch",
     "recv",
     "redistribute",
     "send",

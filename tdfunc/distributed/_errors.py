@@ -72,3 +72,53 @@ UNKNOWN_NODE_TYPE = (
     "import the module defining it before calling recv()"
 )
 MESH_TOO_LARGE = "meshes with more than {max} dims cannot be sent (got {ndim})"
+
+# --------------------------------------------------------------------------------------
+# agreement between the ranks of a mesh
+# --------------------------------------------------------------------------------------
+DISAGREE = (
+    "{op}: the ranks of {mesh} did not ask for the same thing: ranks {ranks} differ from rank "
+    "{leader} in the {what}; every rank of the mesh must call {op} with a container of the "
+    "same keys, global shapes and dtypes and with the same placements (on rank {rank}: {mine})"
+)
+PEER_REJECTED = (
+    "{op}: rank(s) {ranks} of {mesh} rejected their arguments (the error on those ranks says "
+    "why), so no rank of the mesh runs the collectives"
+)
+AGREE_HINT = (
+    "every rank of {mesh} must call {op} at this point (a rank that repeats a transition the "
+    "mesh agreed on before does not check again)"
+)
+
+# --------------------------------------------------------------------------------------
+# send / recv: peers that do not answer
+# --------------------------------------------------------------------------------------
+PEER_TIMEOUT = (
+    "{op}: rank {rank} waited {timeout} for rank {peer} to {step} and gave up; {hint}. With "
+    "gloo, a timeout closes every connection of this rank in the process group: rebuild the "
+    "group before using it again"
+)
+PEER_HINT = (
+    "check that rank {peer} calls {other}() with rank {rank} as its peer, or pass a larger timeout="
+)
+PEER_LOST = (
+    "{op}: rank {rank} lost rank {peer} while waiting for it to {step} ({reason}); the "
+    "connection between the two ranks is closed"
+)
+BAD_TIMEOUT = "timeout must be a positive number of seconds or None, got {timeout!r}"
+
+# --------------------------------------------------------------------------------------
+# the test launcher
+# --------------------------------------------------------------------------------------
+RANK_FAILED = "rank {rank} of {world_size} failed:\n{tb}"
+RANK_BAD_RESULT = "rank {rank} of {world_size} returned a result that cannot be loaded:\n{tb}"
+RANK_DIED = "rank {rank} of {world_size} {how} without reporting a result{stack}"
+RANK_TIMEOUT = (
+    "ranks {ranks} of {world_size} did not finish within {timeout:.0f} s "
+    "(reported: {done}); they were killed"
+)
+RANK_OTHERS = "failed after it: {ranks}"
+RANK_KILLED = "still running, killed: ranks {ranks}"
+DEPRECATED = (
+    "tdfunc.distributed.{name} is deprecated and will be removed in the next release; {instead}"
+)

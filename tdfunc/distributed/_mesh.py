@@ -1,8 +1,9 @@
-"""Container helpers for :mod:`tdfunc.distributed`: leaves, one mesh, rebuilt batch sizes."""
+"""Container helpers for :mod:`tdfunc.distributed`: one mesh per container, batch sizes of
+local shards and global tensors (on top of the core's leaves, paths and rebuild)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -10,9 +11,9 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from .._keys import fmt_key, get_path
+from .._tree import KeyPath, is_node, leaves_with_paths, map_leaves
 from . import _errors as E
-from .._keys import fmt_key
-from .._tree import KeyPath, is_node
 
 
 def check_node(node: Any, op: str) -> None:
@@ -47,59 +48,39 @@ def describe_mesh(mesh: DeviceMesh) -> str:
     return f"DeviceMesh(ranks={mesh.mesh.tolist()}, dim_names={mesh.mesh_dim_names})"
 
 
-def node_paths(node: Any, prefix: KeyPath = ()) -> list[KeyPath]:
-    """Every key path of leaves and nested containers."""
-    out: list[KeyPath] = []
-    for k, v in zip(node._tdf_keys(), node._tdf_children()):
-        if v is None:
-            continue
-        out.append(prefix + (k,))
-        if is_node(v):
-            out.extend(node_paths(v, prefix + (k,)))
-    return out
-
-
-def _agreed(shapes: Sequence[torch.Size], limit: int) -> int:
-    """How many leading dims (at most ``limit``) all ``shapes`` share."""
-    n = limit
-    for s in shapes:
-        n = min(n, len(s))
-    first = shapes[0] if shapes else None
-    for i in range(n):
-        if any(s[i] != first[i] for s in shapes):  # type: ignore[index]
-            return i
-    return n
-
-
-def _rebuild(node: Any, it: Iterator[Tensor]) -> tuple[Any, torch.Size | None]:
-    children: list[Any] = []
-    shapes: list[torch.Size] = []
-    for v in node._tdf_children():
-        if isinstance(v, Tensor):
-            t = next(it)
-            children.append(t)
-            shapes.append(t.shape)
-        elif v is None:
-            children.append(None)
-        else:
-            sub, sub_bs = _rebuild(v, it)
-            children.append(sub)
-            shapes.append(sub_bs if sub_bs is not None else sub._batch_size)
-    bd = len(node._batch_size)
+def _agreed(shapes: Sequence[torch.Size], limit: int) -> torch.Size:
+    """The longest common prefix (at most ``limit`` dims) of ``shapes``."""
     if not shapes:
-        return node._tdf_rebuild(children, node._batch_size, node._device), None
-    n = _agreed(shapes, bd)
-    bs = torch.Size(shapes[0][:n])
-    return node._tdf_rebuild(children, bs, node._device), bs
+        return torch.Size(())
+    first = shapes[0]
+    n = min(limit, *(len(s) for s in shapes))
+    for i in range(n):
+        if any(s[i] != first[i] for s in shapes):
+            return first[:i]
+    return first[:n]
 
 
-def rebuild_batch(node: Any, new_leaves: Sequence[Tensor]) -> Any:
-    """``node`` with ``new_leaves``; each batch size becomes the longest prefix of the old batch
-    dims on which all of its (new) children agree.
+def rebatch(node: Any, new_leaves: Sequence[Tensor]) -> Any:
+    """``node`` with ``new_leaves`` (same ndims, new sizes: local shards <-> global tensors).
 
-    Used when leaves change shape (local shards <-> global tensors): a container sharded along
-    its batch dims keeps them, with the local (or global) sizes; one whose leaves disagree
-    keeps only the dims they share.
+    The batch size becomes the longest prefix of the old batch dims on which all new leaves
+    agree: a container sharded along its batch dims keeps them, with the local (or global)
+    sizes; one whose leaves disagree keeps only the dims they share. Nested containers keep
+    their extra batch dims when every leaf below them still has those sizes, else they take
+    the root's new batch size: every node of the result satisfies the batch-size invariant.
     """
-    out, _ = _rebuild(node, iter(new_leaves))
-    return out
+    if not new_leaves:
+        return map_leaves(node, new_leaves)
+    bd = len(node._batch_size)
+    bs = _agreed([x.shape for x in new_leaves], bd)
+    keep_extra = len(bs) == bd and all(
+        x.shape[: len(owner)] == owner
+        for (path, _), x in zip(leaves_with_paths(node), new_leaves)
+        for owner in [bs + _owner_batch(node, path)[bd:]]
+    )
+    return map_leaves(node, new_leaves, bs, keep_extra=keep_extra)
+
+
+def _owner_batch(node: Any, path: KeyPath) -> torch.Size:
+    """Batch size of the node holding the leaf at ``path``."""
+    return node._batch_size if len(path) == 1 else get_path(node, path[:-1])._batch_size

@@ -10,8 +10,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from .._keys import KeyPath, as_path, fmt_key
 from . import _errors as E
-from .._keys import KeyPath, fmt_key
 
 #: A placement spec: one sequence for every leaf, a mapping from key paths (a string or a
 #: tuple of strings; a nested container's path covers every leaf below it) to sequences, or a
@@ -133,14 +133,6 @@ def _is_sequence_spec(spec: Any) -> bool:
     return isinstance(spec, Sequence) and not isinstance(spec, str)
 
 
-def _as_path(k: Any) -> KeyPath:
-    if isinstance(k, str):
-        return (k,)
-    if isinstance(k, tuple) and k and all(isinstance(x, str) for x in k):
-        return k
-    raise TypeError(f"placement keys must be strings or tuples of strings, got {k!r}")
-
-
 def resolve(
     pairs: Sequence[tuple[KeyPath, Tensor]],
     spec: Any,
@@ -155,7 +147,7 @@ def resolve(
     if _is_sequence_spec(spec):
         return [spec] * len(pairs)
     if isinstance(spec, Mapping):
-        table = {_as_path(k): v for k, v in spec.items()}
+        table = {as_path(k): v for k, v in spec.items()}
         known = set(node_paths)
         for path in table:
             if path not in known:

@@ -12,10 +12,22 @@ Three messages per transfer, whatever the number of leaves:
    leaf's bytes at 64-byte aligned offsets.
 
 Everything travels as tensors on the process group's device (CPU for gloo, CUDA for nccl).
+
+Each kind of message has its own tag (:data:`HEADER_TAG`, ...; the header's includes the
+protocol version), so a message the program sends with ``dist.send`` (tag 0) or a message of
+another kind can never land in one of ours: gloo aborts the process when a message is larger
+than the buffer that receives it, and silently fills part of a larger buffer. A message that
+is not ours simply is not received, and the wait for ours ends at the timeout.
+
+Every wait has a deadline (``timeout`` seconds, or the process group's timeout for None):
+a peer that never answers gives ``TimeoutError``, a peer that died ``ConnectionError``, both
+naming the peer rank and the step. After a timeout gloo closes every connection of the rank
+that timed out (its whole process group), so the group must be rebuilt before further use.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -27,12 +39,19 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from .._keys import KeyPath, fmt_key
 from . import _errors as E
 from ._placements import encode_placements
-from .._keys import KeyPath, fmt_key
 
 MAGIC = 0x7464665F  # "tdf_"
-VERSION = 1
+VERSION = 2
+#: seconds each step of send / recv waits for the peer unless ``timeout=`` says otherwise
+DEFAULT_TIMEOUT = 120.0
+TAG_BASE = 0x74640000  # "td" << 16; gloo tags are 32-bit
+HEADER_TAG = TAG_BASE + 16 * VERSION + 1
+REPLY_TAG = TAG_BASE + 16 * VERSION + 2
+TEXT_TAG = TAG_BASE + 16 * VERSION + 3
+DATA_TAG = TAG_BASE + 16 * VERSION + 4
 MAX_MESH_DIMS = 8
 HEADER_LEN = 8 + 2 * MAX_MESH_DIMS  # 7 fields + the mesh (ndim, shape, coordinate)
 REPLY_LEN = 3 + 2 * MAX_MESH_DIMS  # status, message size + the mesh
@@ -74,6 +93,78 @@ def _read_mesh(fields: Sequence[int]) -> tuple[tuple[int, ...] | None, tuple[int
     return shape, (None if any(c < 0 for c in coord) else coord)
 
 
+class Peer:
+    """One side of a point-to-point exchange: who talks to whom, over which group, with which
+    deadline (seconds, or None for the process group's timeout) and what to suggest when the
+    peer does not answer."""
+
+    def __init__(
+        self,
+        op: str,
+        rank: int,
+        peer: int,
+        group: Any,
+        device: torch.device,
+        timeout: Any,
+        hint: str | None = None,
+    ) -> None:
+        self.op = op
+        self.rank = rank
+        self.peer = peer
+        self.group = group
+        self.device = device
+        self.timeout = timeout
+        other = "recv" if op == "send" else "send"
+        self.hint = hint or E.PEER_HINT.format(peer=peer, other=other, rank=rank)
+
+    def finish(self, work: Any, step: str) -> None:
+        """Wait for ``work``; ``TimeoutError`` / ``ConnectionError`` naming the peer and
+        ``step`` (what the peer was expected to do) when it does not complete."""
+        try:
+            if self.timeout is None:
+                work.wait()
+            else:
+                work.wait(datetime.timedelta(seconds=self.timeout))
+        except RuntimeError as e:
+            text = str(e).strip()
+            reason = text.splitlines()[0] if text else type(e).__name__
+            if "timed out" in reason.lower() or "timeout" in reason.lower():
+                waited = (
+                    "the process group's timeout" if self.timeout is None else f"{self.timeout:g} s"
+                )
+                raise TimeoutError(
+                    E.PEER_TIMEOUT.format(
+                        op=self.op,
+                        rank=self.rank,
+                        peer=self.peer,
+                        timeout=waited,
+                        step=step,
+                        hint=self.hint,
+                    )
+                ) from e
+            raise ConnectionError(
+                E.PEER_LOST.format(
+                    op=self.op, rank=self.rank, peer=self.peer, step=step, reason=reason
+                )
+            ) from e
+
+    def isend(self, t: Tensor, tag: int) -> Any:
+        """Start sending ``t`` to the peer."""
+        return dist.isend(t, self.peer, group=self.group, tag=tag)
+
+    def irecv(self, t: Tensor, tag: int) -> Any:
+        """Start receiving into ``t`` from the peer."""
+        return dist.irecv(t, self.peer, group=self.group, tag=tag)
+
+    def send(self, t: Tensor, tag: int, step: str) -> None:
+        """Send ``t`` to the peer; ``step`` says what the peer is expected to do."""
+        self.finish(self.isend(t, tag), step)
+
+    def recv(self, t: Tensor, tag: int, step: str) -> None:
+        """Receive into ``t`` from the peer."""
+        self.finish(self.irecv(t, tag), step)
+
+
 def _bytes_tensor(text: str, device: torch.device) -> Tensor:
     raw = bytearray(text.encode("utf-8"))
     return (
@@ -87,17 +178,11 @@ def _text(t: Tensor) -> str:
     return t.cpu().numpy().tobytes().decode("utf-8")
 
 
-def _send_text(text: str, peer: int, group: Any, device: torch.device) -> None:
-    t = _bytes_tensor(text, device)
-    if t.numel():
-        dist.send(t, peer, group=group)
-
-
-def _recv_text(n: int, peer: int, group: Any, device: torch.device) -> str:
+def _recv_text(n: int, link: Peer, step: str) -> str:
     if n <= 0:
         return ""
-    t = torch.empty(n, dtype=torch.uint8, device=device)
-    dist.recv(t, peer, group=group)
+    t = torch.empty(n, dtype=torch.uint8, device=link.device)
+    link.recv(t, TEXT_TAG, step)
     return _text(t)
 
 
@@ -199,16 +284,19 @@ def _header(
     return torch.tensor(fields + _mesh_fields(shape, coord), dtype=torch.int64, device=device)
 
 
-def send_error(reason: str, dst: int, group: Any, device: torch.device) -> None:
+def send_error(reason: str, link: Peer) -> None:
     """Tell the receiver this send failed (it raises too instead of waiting)."""
+    device = link.device
     msg = _bytes_tensor(reason, device)
-    dist.send(_header(FAILED, 0, msg.numel(), 0, False, None, None, device), dst, group=group)
+    header = _header(FAILED, 0, msg.numel(), 0, False, None, None, device)
+    link.send(header, HEADER_TAG, "accept the transfer (call recv)")
     if msg.numel():
-        dist.send(msg, dst, group=group)
+        link.send(msg, TEXT_TAG, "read why the transfer failed")
 
 
-def send_outgoing(out: Outgoing, src: int, dst: int, group: Any, device: torch.device) -> int:
+def send_outgoing(out: Outgoing, link: Peer) -> int:
     """Run the sender side of the protocol; return the bytes of the consolidated message."""
+    device, dst = link.device, link.peer
     meta_bytes = _bytes_tensor(json.dumps(out.meta, separators=(",", ":")), device)
     meta_n = meta_bytes.numel()
     start = _align(meta_n)
@@ -217,12 +305,12 @@ def send_outgoing(out: Outgoing, src: int, dst: int, group: Any, device: torch.d
     shape = None if out.mesh is None else tuple(out.mesh.shape)
     strategy = STRATEGIES.index(out.meta["strategy"])
     header = _header(OK, strategy, meta_n, total, out.has_dtensor, shape, coord, device)
-    dist.send(header, dst, group=group)
+    link.send(header, HEADER_TAG, "accept the transfer (call recv)")
     reply = torch.empty(REPLY_LEN, dtype=torch.int64, device=device)
-    dist.recv(reply, dst, group=group)
+    link.recv(reply, REPLY_TAG, "reply to the transfer header")
     r = reply.tolist()
     if r[0] != OK:
-        reason = _recv_text(r[1], dst, group, device)
+        reason = _recv_text(r[1], link, "say why it rejected the transfer")
         raise ValueError(E.RECEIVER_FAILED.format(dst=dst, reason=reason))
     buf = torch.zeros(total, dtype=torch.uint8, device=device)
     buf[:meta_n].copy_(meta_bytes)
@@ -231,7 +319,7 @@ def send_outgoing(out: Outgoing, src: int, dst: int, group: Any, device: torch.d
         if n:
             off = start + entry["offset"]
             buf[off : off + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
-    dist.send(buf, dst, group=group)
+    link.send(buf, DATA_TAG, "receive the data")
     return total
 
 
@@ -284,41 +372,35 @@ def _validate(
     return None
 
 
-def receive(
-    src: int,
-    dst: int,
-    group: Any,
-    device: torch.device,
-    mesh: DeviceMesh | None,
-    placements: Any,
-) -> Incoming:
+def receive(link: Peer, mesh: DeviceMesh | None, placements: Any) -> Incoming:
     """Run the receiver side of the protocol; ``ValueError`` (after telling the sender) on a
     pairing that does not fit."""
+    device, src, dst = link.device, link.peer, link.rank
     header = torch.empty(HEADER_LEN, dtype=torch.int64, device=device)
-    dist.recv(header, src, group=group)
+    link.recv(header, HEADER_TAG, "send a transfer header")
     h = header.tolist()
     if h[0] != MAGIC or h[1] != VERSION:
         raise ValueError(E.BAD_HEADER.format(dst=dst, src=src, magic=h[0], version=h[1]))
     if h[2] != OK:
-        reason = _recv_text(h[4], src, group, device)
+        reason = _recv_text(h[4], link, "say why it failed")
         raise ValueError(E.SENDER_FAILED.format(src=src, reason=reason))
     problem = _validate(src, dst, h, mesh, placements)
     shape = None if mesh is None else tuple(mesh.shape)
     coord = None if mesh is None else mesh.get_coordinate()
     msg = _bytes_tensor(problem or "", device)
     reply = torch.tensor(
-        [OK if problem is None else FAILED, msg.numel()] + _mesh_fields(shape, coord),
+        [OK if problem is None else FAILED, msg.numel(), *_mesh_fields(shape, coord)],
         dtype=torch.int64,
         device=device,
     )
-    dist.send(reply, src, group=group)
+    link.send(reply, REPLY_TAG, "read the reply to its header")
     if problem is not None:
         if msg.numel():
-            dist.send(msg, src, group=group)
+            link.send(msg, TEXT_TAG, "read why the transfer was rejected")
         raise ValueError(problem)
     meta_n, total = h[4], h[5]
     buf = torch.empty(total, dtype=torch.uint8, device=device)
-    dist.recv(buf, src, group=group)
+    link.recv(buf, DATA_TAG, "send the data")
     meta = json.loads(_text(buf[:meta_n]))
     start = _align(meta_n)
     tensors = []
