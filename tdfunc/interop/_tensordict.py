@@ -1,0 +1,201 @@
+"""Conversion between tdfunc containers and the ``tensordict`` package's (optional extra).
+
+Both directions share the tensors: no leaf is copied (except that a ``device=`` given to the
+target may move them). What does not carry over:
+
+* dim ``names`` of a ``tensordict.TensorDict`` are dropped (tdfunc has no dim names);
+* lazy stacks (``LazyStackedTensorDict``) and other tensordict views (sub-tensordicts,
+  ``td.expand`` results...) are *materialised*: their values are read as tensordict returns
+  them, which stacks or indexes into new tensors;
+* tdfunc containers hold only tensors: a tensordict non-tensor value (``NonTensorData``)
+  becomes a static field of the target tensorclass, or is an error.
+
+Memory-mapped leaves of either side stay memory-mapped: the leaf object itself is passed on
+(a ``tensordict.MemoryMappedTensor`` or a :class:`tdfunc.MemoryMappedTensor` is a tensor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._keys import fmt_key
+from .._tree import KeyPath, is_node
+from ..tensordict import TensorDict
+from . import _errors as E
+
+
+def _td_module() -> Any:
+    try:
+        import tensordict
+    except ImportError as e:  # the optional extra is missing
+        raise ImportError(E.NEED_TENSORDICT) from e
+    return tensordict
+
+
+def _is_tdfunc_tensorclass_type(cls: Any) -> bool:
+    from .._tensorclass import is_tensorclass
+
+    return isinstance(cls, type) and is_tensorclass(cls)
+
+
+# --------------------------------------------------------------------------------------
+# tensordict -> tdfunc
+# --------------------------------------------------------------------------------------
+def _source_items(tdm: Any, obj: Any) -> list[tuple[str, Any]]:
+    if tdm.is_tensorclass(obj):
+        return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    return list(obj.items())
+
+
+def _convert_in(tdm: Any, obj: Any, path: KeyPath) -> tuple[TensorDict, dict[str, Any]]:
+    """A tdfunc TensorDict of ``obj``'s tensors and nested collections, and its non-tensor
+    values (``None`` values are left out: the target's defaults apply)."""
+    data: dict[str, Any] = {}
+    static: dict[str, Any] = {}
+    for k, v in _source_items(tdm, obj):
+        if v is None:
+            continue
+        if isinstance(v, Tensor):
+            data[k] = v
+        elif tdm.is_non_tensor(v):
+            static[k] = v.tolist() if hasattr(v, "tolist") else v.data
+        elif tdm.is_tensor_collection(v):
+            sub, sub_static = _convert_in(tdm, v, (*path, k))
+            if sub_static:
+                name = next(iter(sub_static))
+                raise TypeError(
+                    E.NON_TENSOR_VALUE.format(
+                        key=fmt_key((*path, k, name)), typ=type(sub_static[name]).__name__
+                    )
+                )
+            data[k] = sub
+        else:
+            static[k] = v
+    bs = torch.Size(obj.batch_size)
+    dev = obj.device
+    return TensorDict(data, batch_size=bs, device=dev), static
+
+
+def from_tensordict(obj: Any, cls: type | None = None) -> Any:
+    """A tdfunc container holding the same tensors as a ``tensordict`` object (no copy).
+
+    ``obj`` is a ``tensordict.TensorDict`` (or any ``TensorDictBase``: lazy stacks and views
+    are materialised, see the module notes) or a tensordict ``@tensorclass`` instance. The
+    result is a :class:`tdfunc.TensorDict` with the same nesting, batch size and device, or an
+    instance of the tdfunc tensorclass ``cls``: its data fields take the tensors, its static
+    fields the non-tensor values, and nested fields become the tensorclasses they are
+    annotated with. Dim names are dropped.
+
+    Args:
+        obj: the tensordict object.
+        cls: a tdfunc ``@tensorclass`` type to build (a TensorDict when None).
+
+    Raises:
+        ImportError: the ``tensordict`` package is not installed.
+        TypeError: ``obj`` is not a tensordict object, ``cls`` is not a tdfunc tensorclass,
+            or a non-tensor value has no static field to go to.
+
+    Example:
+        >>> import torch, tensordict, tdfunc
+        >>> src = tensordict.TensorDict(a=torch.zeros(4, 2), n={"b": torch.ones(4)}, batch_size=[4])
+        >>> td = tdfunc.from_tensordict(src)
+        >>> td["n", "b"] is src["n", "b"], td.batch_size
+        (True, torch.Size([4]))
+    """
+    tdm = _td_module()
+    if not (tdm.is_tensorclass(obj) or isinstance(obj, tdm.TensorDictBase)) or isinstance(
+        obj, type
+    ):
+        raise TypeError(E.NOT_A_TENSORDICT_INPUT.format(typ=type(obj).__name__))
+    if cls is not None and not _is_tdfunc_tensorclass_type(cls):
+        raise TypeError(
+            E.NOT_A_TENSORCLASS.format(what="from_tensordict(cls=...)", cls=cls, kind="tdfunc")
+        )
+    td, static = _convert_in(tdm, obj, ())
+    if cls is None:
+        if static:
+            name = next(iter(static))
+            raise TypeError(
+                E.NON_TENSOR_VALUE.format(key=fmt_key((name,)), typ=type(static[name]).__name__)
+            )
+        return td
+    unknown = [k for k in static if k not in cls._tdf_static_names]  # type: ignore[attr-defined]
+    if unknown:
+        raise TypeError(
+            E.NON_TENSOR_VALUE.format(
+                key=fmt_key((unknown[0],)), typ=type(static[unknown[0]]).__name__
+            )
+        )
+    return cls.from_tensordict(td, **static)  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------------------
+# tdfunc -> tensordict
+# --------------------------------------------------------------------------------------
+def _field_types(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # unresolvable annotations: nested fields become TensorDicts
+        return {}
+
+
+def _convert_out(tdm: Any, node: Any, target: type | None) -> Any:
+    hints = _field_types(target) if target is not None else {}
+    kwargs: dict[str, Any] = {}
+    for k, v in zip(node._tdf_keys(), node._tdf_children()):
+        if v is None:
+            continue
+        if is_node(v):
+            sub = hints.get(k)
+            sub_target = sub if isinstance(sub, type) and tdm.is_tensorclass(sub) else None
+            v = _convert_out(tdm, v, sub_target)
+        kwargs[k] = v
+    bs = torch.Size(node._batch_size)
+    if target is None:
+        return tdm.TensorDict(kwargs, batch_size=bs, device=node._device)
+    kwargs.update(dict(node._tdf_static()))
+    return target(**kwargs, batch_size=bs, device=node._device)
+
+
+def to_tensordict(x: Any, cls: type | None = None) -> Any:
+    """A ``tensordict`` object holding the same tensors as a tdfunc container (no copy).
+
+    A :class:`tdfunc.TensorDict` (or a tensorclass, when ``cls`` is None) gives a
+    ``tensordict.TensorDict`` with the same nesting, batch size and device (a tensorclass's
+    static and ``None`` fields are left out). With ``cls``, a tensordict ``@tensorclass``
+    type, the result is an instance of it: data and static fields by name; nested containers
+    become the tensordict tensorclasses their fields are annotated with, else TensorDicts.
+
+    Args:
+        x: the tdfunc container.
+        cls: a tensordict ``@tensorclass`` type to build (a ``tensordict.TensorDict`` when None).
+
+    Raises:
+        ImportError: the ``tensordict`` package is not installed.
+        TypeError: ``x`` is not a tdfunc container or ``cls`` not a tensordict tensorclass.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(3, 2), batch_size=[3])
+        >>> out = tdfunc.to_tensordict(td)
+        >>> type(out).__module__.split(".")[0], out["a"] is td["a"], tuple(out.batch_size)
+        ('tensordict', True, (3,))
+    """
+    tdm = _td_module()
+    if not is_node(x):
+        raise TypeError(E.NOT_A_TDFUNC_INPUT.format(typ=type(x).__name__))
+    if cls is not None and not (isinstance(cls, type) and tdm.is_tensorclass(cls)):
+        raise TypeError(
+            E.NOT_A_TENSORCLASS.format(what="to_tensordict(cls=...)", cls=cls, kind="tensordict")
+        )
+    if cls is None and not isinstance(x, TensorDict):
+        x = x.to_tensordict()  # the data fields, nested tensorclasses too
+    return _convert_out(tdm, x, cls)
+
+
+__all__ = ["from_tensordict", "to_tensordict"]
