@@ -414,3 +414,16 @@ def test_nested_compile_region_takes_a_container():
     out = f(td)
     assert_close(out, (td * 2 + 1) * 2 + 1)
     assert cnt.frame_count == 1
+
+
+def test_tensorclass_with_a_tensor_default_constructs_inside_compile():
+    @tensorclass
+    class WithDefault:
+        x: torch.Tensor
+        cache: torch.Tensor = torch.zeros(3)
+
+    f, cnt = _compiled(lambda x: WithDefault(x=x * 2))
+    out = f(torch.ones(3))
+    assert type(out) is WithDefault and torch.equal(out.cache, torch.zeros(3))
+    assert torch.equal(out.x, torch.full((3,), 2.0)) and cnt.frame_count == 1
+    assert torch.equal(WithDefault(x=torch.ones(3), cache=torch.ones(3)).cache, torch.ones(3))

@@ -46,6 +46,14 @@ class FACTORY(metaclass=_MarkerMeta):
     _label = "<factory>"
 
 
+class TENSOR_DEFAULT(metaclass=_MarkerMeta):
+    """Default of a parameter whose default is a tensor: the body reads the tensor from the
+    generated function's globals (``torch.compile`` cannot hold a tensor found only in a
+    function's defaults)."""
+
+    _label = "<tensor default>"
+
+
 class KEEP(metaclass=_MarkerMeta):
     """Default of a ``replace`` parameter: keep the current value."""
 
@@ -115,6 +123,8 @@ def _init_source(plan: Plan) -> str:
     kw_only = [f for f in params if f.kw_only]
 
     def param(f: dataclasses.Field) -> str:
+        if isinstance(f.default, torch.Tensor):
+            return f"{f.name}=__tdf_TENSOR_DEFAULT__"
         if f.default is not dataclasses.MISSING:
             return f"{f.name}=__tdf_default_{f.name}__"
         if f.default_factory is not dataclasses.MISSING:
@@ -150,6 +160,11 @@ def _init_source(plan: Plan) -> str:
             lines += [
                 f"    if {f.name} is __tdf_FACTORY__:",
                 f"        {f.name} = __tdf_factory_{f.name}__()",
+            ]
+        elif isinstance(f.default, torch.Tensor):
+            lines += [
+                f"    if {f.name} is __tdf_TENSOR_DEFAULT__:",
+                f"        {f.name} = __tdf_default_{f.name}__",
             ]
     for f in plan.fields:
         if f.init:
@@ -296,6 +311,7 @@ def generate(plan: Plan) -> dict[str, Callable[..., Any]]:
         "__tdf_too_many__": _too_many,
         "__tdf_REQUIRED__": REQUIRED,
         "__tdf_FACTORY__": FACTORY,
+        "__tdf_TENSOR_DEFAULT__": TENSOR_DEFAULT,
         "__tdf_KEEP__": KEEP,
     }
     for f in [*plan.fields, *plan.initvars]:
