@@ -14,10 +14,9 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
 import tdfunc.nn
-from tdfunc import TensorDict
+from tdfunc import TensorDict, tensorclass
 from tdfunc.nn import TensorDictModule, TensorDictSequential
 from tdfunc.nn import _routing as R
-from tdfunc import tensorclass
 from tdfunc.testing import assert_close
 
 
@@ -70,14 +69,15 @@ def test_keys_are_normalised_and_readable():
 
 def test_repr_names_keys_and_module():
     m = TensorDictModule(nn.Linear(3, 2), in_keys="obs", out_keys="act")
-    assert "in_keys=['obs'], out_keys=['act']" in repr(m) and "Linear" in repr(m)
+    assert "in_keys=['obs'], out_keys=['act']" in repr(m)
+    assert "Linear" in repr(m)
     assert "module=<lambda>" in repr(TensorDictModule(lambda x: x, "a", "b"))
     seq = actor_critic()
     assert "in_keys=['obs']" in repr(seq)
 
 
 @pytest.mark.parametrize(
-    "in_keys, out_keys, exc, msg",
+    ("in_keys", "out_keys", "exc", "msg"),
     [
         ([1], "y", TypeError, R.BAD_KEY.format(what="in_keys", key=1)),
         ("", "y", TypeError, R.BAD_KEY.format(what="in_keys", key="")),
@@ -131,11 +131,13 @@ def test_single_output_returns_new_td_and_keeps_input():
     td = make_td()
     before = snapshot(td)
     out = m(td)
-    assert out is not td and isinstance(out, TensorDict)
+    assert out is not td
+    assert isinstance(out, TensorDict)
     assert out.keys() == ["obs", "state", "reward", "action"]
     assert out.batch_size == torch.Size([4])
     torch.testing.assert_close(out["action"], net(td["obs"]))
-    assert out["obs"] is td["obs"] and out["state"] is td["state"]  # entries are shared, not copied
+    assert out["obs"] is td["obs"]
+    assert out["state"] is td["state"]
     assert "action" not in td
     same_input(td, before)
 
@@ -167,7 +169,8 @@ def test_mapping_in_keys_pass_keywords():
         return x * scale
 
     m = TensorDictModule(f, in_keys={"x": "obs", "scale": ("state", "s")}, out_keys="y")
-    assert m.in_keys == ["obs", ("state", "s")] and m.in_kwargs == ("x", "scale")
+    assert m.in_keys == ["obs", ("state", "s")]
+    assert m.in_kwargs == ("x", "scale")
     td = TensorDict(obs=torch.randn(2, 3), state={"s": torch.full((2, 1), 3.0)}, batch_size=[2])
     torch.testing.assert_close(m(td)["y"], td["obs"] * 3)
 
@@ -198,15 +201,18 @@ def test_output_may_be_a_container():
 def test_two_batch_dims_and_device():
     td = TensorDict(x=torch.randn(2, 3, 4), batch_size=[2, 3], device="cpu")
     out = TensorDictModule(nn.Linear(4, 5), "x", ("n", "y"))(td)
-    assert out["n"].batch_size == torch.Size([2, 3]) and out["n", "y"].shape == (2, 3, 5)
-    assert out.device == torch.device("cpu") and out["n"].device == torch.device("cpu")
+    assert out["n"].batch_size == torch.Size([2, 3])
+    assert out["n", "y"].shape == (2, 3, 5)
+    assert out.device == torch.device("cpu")
+    assert out["n"].device == torch.device("cpu")
 
 
 def test_gradients_flow_through_outputs():
     net = nn.Linear(3, 1)
     out = TensorDictModule(net, "obs", "v")(make_td())
     out["v"].sum().backward()
-    assert net.weight.grad is not None and net.weight.grad.abs().sum() > 0
+    assert net.weight.grad is not None
+    assert net.weight.grad.abs().sum() > 0
 
 
 def test_hooks_fire_and_reassigned_module_is_used():
@@ -268,7 +274,7 @@ def test_in_key_through_a_leaf():
 
 
 @pytest.mark.parametrize(
-    "fn, out_keys, got",
+    ("fn", "out_keys", "got"),
     [
         (lambda x: (x, x), ["y"], 2),
         (lambda x: x, ["y", "z"], 1),
@@ -306,7 +312,7 @@ def test_writing_below_a_tensor():
         m(make_td())
 
 
-@pytest.mark.parametrize("value, typ", [(None, "NoneType"), (3, "int")])
+@pytest.mark.parametrize(("value", "typ"), [(None, "NoneType"), (3, "int")])
 def test_output_of_a_wrong_kind(value, typ):
     m = TensorDictModule(lambda x: value, "obs", ("n", "y"))
     msg = R.OUTPUT_KIND.format(module=m._name, typ=typ, key="('n', 'y')")
@@ -342,12 +348,14 @@ def test_tensorclass_keeps_its_class_and_static_fields():
     net = nn.Linear(3, 2)
     step = Step(torch.randn(4, 3), batch_size=[4])
     out = TensorDictModule(net, "obs", "action")(step)
-    assert type(out) is Step and out.discount == 0.9
+    assert type(out) is Step
+    assert out.discount == 0.9
     torch.testing.assert_close(out.action, net(step.obs))
     assert step.action is None  # input unchanged
     # a static field can be read; a None TensorDict field gets a new nested TensorDict
     out2 = TensorDictModule(lambda x, d: x * d, ["obs", "discount"], ("extra", "y"))(step)
-    assert type(out2) is Step and isinstance(out2.extra, TensorDict)
+    assert type(out2) is Step
+    assert isinstance(out2.extra, TensorDict)
     torch.testing.assert_close(out2.extra["y"], step.obs * 0.9)
 
 
@@ -364,7 +372,8 @@ def test_tensorclass_out_key_must_be_a_field():
 def test_tensorclass_nested_in_a_tensordict():
     td = TensorDict(step=Step(torch.randn(4, 3), batch_size=[4]), batch_size=[4])
     out = TensorDictModule(nn.Linear(3, 2), ("step", "obs"), ("step", "action"))(td)
-    assert type(out["step"]) is Step and out["step", "action"].shape == (4, 2)
+    assert type(out["step"]) is Step
+    assert out["step", "action"].shape == (4, 2)
     assert td["step"].action is None
 
 
@@ -425,7 +434,8 @@ def test_selected_out_keys_return_input_plus_selection():
         TensorDictModule(lambda x: x + 1, "obs", ("out", "y")),
         selected_out_keys=[("out", "y")],
     )
-    assert seq.out_keys == [("out", "y")] and seq.selected_out_keys == [("out", "y")]
+    assert seq.out_keys == [("out", "y")]
+    assert seq.selected_out_keys == [("out", "y")]
     td = make_td()
     out = seq(td)
     assert out.keys() == ["obs", "state", "reward", "out"]
@@ -436,7 +446,8 @@ def test_selected_out_keys_return_input_plus_selection():
 def test_select_out_keys_returns_a_new_sequence_sharing_modules():
     seq = actor_critic()
     sel = seq.select_out_keys(("actor", "logits"))
-    assert sel is not seq and seq.selected_out_keys is None
+    assert sel is not seq
+    assert seq.selected_out_keys is None
     assert sel.out_keys == [("actor", "logits")]
     assert all(a is b for a, b in zip(sel.parameters(), seq.parameters()))
     td = make_td()
@@ -507,7 +518,8 @@ def test_sequential_compile_zero_graph_breaks_and_backward():
     torch.manual_seed(0)
     seq = actor_critic()
     explanation = torch._dynamo.explain(seq)(make_td())
-    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+    assert explanation.graph_count == 1
+    assert explanation.graph_break_count == 0
     torch._dynamo.reset()
     cnt = CompileCounterWithBackend("aot_eager")
     cseq = torch.compile(seq, fullgraph=True, backend=cnt)
@@ -544,7 +556,7 @@ def test_errors_raise_the_same_under_compile():
 # ================================================================== composition with tdfunc.nn
 def test_from_module_gives_all_wrapped_parameters():
     seq = actor_critic()
-    params = tdfunc.nn.from_module(seq)
+    params = tdfunc.from_module(seq)
     flat = params.flatten_keys(".")
     assert sorted(flat.keys()) == sorted(seq.state_dict())
     assert params["module", "1", "module", "weight"] is seq.module[1].module.weight
@@ -552,23 +564,23 @@ def test_from_module_gives_all_wrapped_parameters():
 
 def test_functional_call_swaps_parameters():
     seq = actor_critic()
-    params = tdfunc.nn.from_module(seq)
+    params = tdfunc.from_module(seq)
     zeros = params.apply(torch.zeros_like)
     td = make_td()
-    out = tdfunc.nn.functional_call(seq, zeros, (td,))
+    out = tdfunc.functional_call(seq, zeros, (td,))
     assert torch.equal(out["actor", "logits"], torch.zeros(4, 2))
     # the module's own parameters are untouched
-    assert_close(seq(td), tdfunc.nn.functional_call(seq, params, (td,)))
+    assert_close(seq(td), tdfunc.functional_call(seq, params, (td,)))
     assert seq.module[1].module.weight.abs().sum() > 0
 
 
 def _ensemble(n: int = 3):
     members = [actor_critic() for _ in range(n)]
-    params = tdfunc.nn.stack_modules(members)
+    params = tdfunc.stack_modules(members)
     base = members[0]
 
     def call(p, td):
-        return tdfunc.nn.functional_call(base, p, (td,))
+        return tdfunc.functional_call(base, p, (td,))
 
     return members, params, torch.vmap(call, (0, None))
 
@@ -578,7 +590,8 @@ def test_vmap_ensemble_of_a_sequential():
     assert params.batch_size == torch.Size([3])
     td = make_td()
     out = ens(params, td)
-    assert isinstance(out, TensorDict) and out.batch_size == torch.Size([3, 4])
+    assert isinstance(out, TensorDict)
+    assert out.batch_size == torch.Size([3, 4])
     for i, member in enumerate(members):
         assert_close(out[i], member(td), rtol=1e-5, atol=1e-6)
 
@@ -601,3 +614,96 @@ def test_export_sequential_taking_and_returning_a_tensordict(strict):
     buf.seek(0)
     loaded = torch.export.load(buf)
     compare(loaded.module()(td), seq(td))
+
+
+# ================================================================== keyword tensors, plain steps,
+# nested tuple keys (the call forms of tensordict.nn)
+def test_keyword_tensors_return_the_outputs():
+    m = TensorDictModule(lambda x, y: (x * y, x + y), in_keys=["x", "y"], out_keys=["z", "w"])
+    x, y = torch.randn(3), torch.randn(3)
+    z, w = m(x=x, y=y)
+    torch.testing.assert_close(z, x * y)
+    torch.testing.assert_close(w, x + y)
+    one = TensorDictModule(lambda x: x + 1, in_keys=["x"], out_keys=["z"])
+    torch.testing.assert_close(one(x=x), x + 1)
+
+
+def test_keyword_tensors_for_nested_in_keys_use_underscores():
+    m = TensorDictModule(lambda h, o: h.sum(-1) + o, [("state", "h"), "obs"], [("out", "v")])
+    h, o = torch.randn(5), torch.randn(())
+    torch.testing.assert_close(m(state_h=h, obs=o), h.sum(-1) + o)
+
+
+def test_keyword_call_errors():
+    m = TensorDictModule(lambda x: x, in_keys=["x"], out_keys=["z"])
+    with pytest.raises(TypeError, match=re.escape("unexpected keyword input(s) ['q']")):
+        m(x=torch.zeros(1), q=torch.zeros(1))
+    with pytest.raises(TypeError, match=re.escape("pass either a TensorDict")):
+        m(TensorDict(x=torch.zeros(1)), x=torch.zeros(1))
+    with pytest.raises(TypeError, match=re.escape("no input")):
+        m()
+
+
+def test_sequential_keyword_tensors_return_every_out_key():
+    seq = TensorDictSequential(
+        TensorDictModule(lambda x, y: x + y, in_keys=["x", "y"], out_keys=["z"]),
+        TensorDictModule(lambda x, z: z * x, in_keys=["x", "z"], out_keys=["out"]),
+    )
+    x, y = torch.randn(3), torch.randn(3)
+    z, out = seq(x=x, y=y)
+    torch.testing.assert_close(out, (x + y) * x)
+    cnt = CompileCounterWithBackend("eager")
+    compiled = torch.compile(seq, fullgraph=True, backend=cnt)
+    compare(compiled(x=x, y=y), (z, out))
+    compiled(x=torch.randn(3), y=torch.randn(3))
+    assert cnt.frame_count == 1
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_export_with_keyword_tensors(strict):
+    m = TensorDictModule(lambda x, y: x * y, in_keys=["x", "y"], out_keys=["z"])
+    x, y = torch.randn(3), torch.randn(3)
+    ep = torch.export.export(m, args=(), kwargs={"x": x, "y": y}, strict=strict)
+    x2, y2 = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(ep.module()(x=x2, y=y2), x2 * y2)
+    seq = TensorDictSequential(
+        TensorDictModule(lambda x, y: x * y, in_keys=["x", "y"], out_keys=["z"]),
+        TensorDictModule(lambda z, x: z + x, in_keys=["z", "x"], out_keys=["out"]),
+    )
+    ep = torch.export.export(seq, args=(), kwargs={"x": x, "y": y}, strict=strict)
+    torch.testing.assert_close(ep.module()(x=x2, y=y2), seq(x=x2, y=y2))
+
+
+def test_plain_functions_inside_a_sequential():
+    seq = TensorDictSequential(
+        lambda td: td.set("copied", td["obs"] * 1),
+        TensorDictModule(mlp(3, 8), in_keys="copied", out_keys="hidden"),
+        TensorDictModule(nn.Linear(8, 2), in_keys="hidden", out_keys=("c", "d")),
+        lambda td: td.exclude("hidden"),
+    )
+    td = make_td()
+    before = snapshot(td)
+    out = seq(td)
+    assert sorted(out.keys()) == ["c", "copied", "obs", "reward", "state"]
+    assert_close(td, before)
+    check_compiled(seq, lambda: (make_td(),))
+    # a plain function declares no keys: later in keys are checked when they are read
+    assert seq.in_keys == []
+    assert len(list(seq.parameters())) == 6
+
+
+def test_plain_function_must_return_a_container():
+    seq = TensorDictSequential(lambda td: td["obs"])
+    with pytest.raises(TypeError, match=re.escape("step 0 (<lambda>) returned a Tensor")):
+        seq(make_td())
+
+
+def test_nested_tuple_keys_are_unravelled():
+    m = TensorDictModule(lambda x: x + 1, in_keys=[(((("a",),),),)], out_keys=[(("c",), "d")])
+    assert m.in_keys == ["a"]
+    assert m.out_keys == [("c", "d")]
+    out = m(TensorDict(a=torch.zeros(2), batch_size=[2]))
+    assert out["c", "d"].tolist() == [1.0, 1.0]
+    seq = TensorDictSequential(m, TensorDictModule(lambda v: v * 2, [("c", ("d",))], ["e"]))
+    assert seq(TensorDict(a=torch.zeros(2)))["e"].tolist() == [2.0, 2.0]
+    check_compiled(m, lambda: (TensorDict(a=torch.randn(2), batch_size=[2]),))

@@ -488,7 +488,8 @@ class _Builder:
                 if stat_kw or any(v is None for v in kids.values()):
                     raise TypeError("a TensorDict has no static or None fields")
                 return cls(kids, batch_size=bs, device=device)
-            return cls(**kids, **stat_kw, batch_size=bs, device=device)
+            build: Any = cls  # a tensorclass: its generated, validating constructor
+            return build(**kids, **stat_kw, batch_size=bs, device=device)
         except (TypeError, ValueError, KeyError) as e:
             raise self.bad(f"node {where} does not fit {name}: {e}") from None
 

@@ -63,7 +63,7 @@ def _convert_in(tdm: Any, obj: Any, path: KeyPath) -> tuple[TensorDict, dict[str
         if isinstance(v, Tensor):
             data[k] = v
         elif tdm.is_non_tensor(v):
-            static[k] = v.tolist() if hasattr(v, "tolist") else v.data
+            static[k] = v.data if isinstance(v, tdm.NonTensorData) else v.tolist()
         elif tdm.is_tensor_collection(v):
             sub, sub_static = _convert_in(tdm, v, (*path, k))
             if sub_static:

@@ -22,7 +22,9 @@ from .._keys import fmt_key
 from .._tree import KeyPath, Node, is_node
 from ._routing import (
     BAD_KWARG,
+    KWARGS_AND_TD,
     MISSING,
+    NO_INPUT,
     NO_MODULES,
     NO_OUT_KEYS,
     NOT_A_CONTAINER,
@@ -31,12 +33,15 @@ from ._routing import (
     NOT_KEY_ROUTED,
     OUTPUT_COUNT,
     SEQ_MISSING_IN_KEY,
+    STEP_OUTPUT,
     Key,
     apply_plan,
     check_out_paths,
     child,
     describe,
+    from_kwargs,
     has_key,
+    kwarg_name,
     make_plan,
     overlaps,
     public_key,
@@ -87,6 +92,8 @@ class TensorDictModule(nn.Module):
         >>> actor.in_keys, actor.out_keys
         (['obs'], ['action'])
     """
+
+    _fn: Callable[..., Any]
 
     def __init__(
         self,
@@ -146,8 +153,23 @@ class TensorDictModule(nn.Module):
         """The keyword names the inputs are passed under, or None when passed positionally."""
         return self._route[1]
 
-    def forward(self, td: Any) -> Any:
-        """Read ``in_keys``, call the module and return ``td`` plus the outputs (a new container)."""
+    def forward(self, td: Any = None, **tensors: Any) -> Any:
+        """Read ``in_keys``, call the module and return ``td`` plus the outputs (a new container).
+
+        Called with keyword tensors instead (``mod(obs=t)``, one keyword per in key, a nested
+        key ``("a", "b")`` as ``a_b``), it returns the outputs themselves: the value of the
+        one out key, or a tuple in ``out_keys`` order. That form also works through
+        ``torch.export.export(mod, (), kwargs)``.
+        """
+        if tensors:
+            return _keyword_call(self, self._route[0], self._route[2], td, tensors)
+        if td is None:
+            raise TypeError(
+                NO_INPUT.format(module=self._name, names=[kwarg_name(p) for p in self._route[0]])
+            )
+        return self._forward(td)
+
+    def _forward(self, td: Any) -> Any:
         in_paths, kwargs, out_paths, plan, name = self._route
         if not isinstance(td, Node):
             raise TypeError(NOT_A_CONTAINER.format(module=name, typ=type(td).__name__))
@@ -172,8 +194,56 @@ class TensorDictModule(nn.Module):
         return f"{head}in_keys={self.in_keys}, out_keys={self.out_keys}"
 
 
+def _keyword_call(
+    module: Any,
+    in_paths: tuple[KeyPath, ...],
+    out_paths: tuple[KeyPath, ...],
+    td: Any,
+    tensors: dict[str, Any],
+) -> Any:
+    """``module(**tensors)``: the keywords as a TensorDict, then the out keys' values."""
+    name = module._name
+    if td is not None:
+        raise TypeError(KWARGS_AND_TD.format(module=name, names=[kwarg_name(p) for p in in_paths]))
+    out = module._forward(from_kwargs(in_paths, tensors, name))
+    values = tuple(read_key(out, p, name) for p in out_paths)
+    return values[0] if len(values) == 1 else values
+
+
 def _routing(module: Any) -> tuple[tuple[KeyPath, ...], tuple[KeyPath, ...]]:
     return to_paths(list(module.in_keys), "in_keys"), to_paths(list(module.out_keys), "out_keys")
+
+
+class _Step(nn.Module):
+    """A plain ``TensorDict -> TensorDict`` function as a step of a sequence.
+
+    Its reads and writes are unknown: it declares no keys, and keys it writes cannot be
+    selected with ``selected_out_keys``.
+    """
+
+    in_keys: tuple[Key, ...] = ()
+    out_keys: tuple[Key, ...] = ()
+
+    def __init__(self, fn: Callable[[Any], Any], index: int) -> None:
+        super().__init__()
+        self.fn = fn
+        self.index = index
+
+    def forward(self, td: Any) -> Any:
+        out = self.fn(td)
+        if not isinstance(out, Node):
+            raise TypeError(
+                STEP_OUTPUT.format(
+                    seq="TensorDictSequential",
+                    index=self.index,
+                    step=describe(self.fn),
+                    typ=type(out).__name__,
+                )
+            )
+        return out
+
+    def extra_repr(self) -> str:
+        return f"fn={describe(self.fn)}"
 
 
 class TensorDictSequential(nn.Module):
@@ -185,7 +255,10 @@ class TensorDictSequential(nn.Module):
     Args:
         *modules: key-routed modules (:class:`TensorDictModule`, nested
             :class:`TensorDictSequential`, or any ``nn.Module`` with ``in_keys``/``out_keys``
-            attributes whose ``forward(td)`` returns a new container).
+            attributes whose ``forward(td)`` returns a new container), or plain functions
+            ``TensorDict -> TensorDict`` (e.g. ``lambda td: td.exclude("hidden")``). A plain
+            function declares no keys: the keys that modules after it read are not checked
+            before the sequence runs, and keys it writes cannot be selected.
         selected_out_keys: if given, the result holds the input plus only these outputs;
             intermediate entries are dropped (an input entry an intermediate overwrote keeps
             its input value).
@@ -220,17 +293,25 @@ class TensorDictSequential(nn.Module):
         super().__init__()
         if not modules:
             raise ValueError(NO_MODULES)
+        steps: list[nn.Module] = []
         for i, m in enumerate(modules):
-            if not (isinstance(m, nn.Module) and hasattr(m, "in_keys") and hasattr(m, "out_keys")):
+            if isinstance(m, nn.Module) and hasattr(m, "in_keys") and hasattr(m, "out_keys"):
+                steps.append(m)
+            elif callable(m) and not isinstance(m, nn.Module):
+                steps.append(_Step(m, i))  # a plain TensorDict -> TensorDict function
+            else:
                 raise TypeError(NOT_KEY_ROUTED.format(index=i, typ=type(m).__name__))
+        modules = tuple(steps)
         self.module = nn.ModuleList(modules)
         # the same modules as a plain tuple for the call path (see TensorDictModule.__setattr__)
         self._steps = tuple(modules)
         needed: list[tuple[KeyPath, int]] = []
         written: list[KeyPath] = []
+        opaque = False  # after a plain function, which keys exist is known only at run time
         for i, m in enumerate(modules):
             ins, outs = _routing(m)
-            for p in ins:
+            opaque = opaque or isinstance(m, _Step)
+            for p in () if opaque else ins:
                 produced = any(overlaps(p, w) for w in written)
                 if not produced and all(p != q for q, _ in needed):
                     needed.append((p, i))
@@ -291,8 +372,24 @@ class TensorDictSequential(nn.Module):
         """
         return TensorDictSequential(*self.module, selected_out_keys=list(keys))
 
-    def forward(self, td: Any) -> Any:
-        """Run the modules in order and return ``td`` plus their outputs (a new container)."""
+    def forward(self, td: Any = None, **tensors: Any) -> Any:
+        """Run the modules in order and return ``td`` plus their outputs (a new container).
+
+        Called with keyword tensors (``seq(obs=t)``, named after :attr:`in_keys`), it returns
+        the values of :attr:`out_keys` instead: one value, or a tuple in that order.
+        """
+        if tensors:
+            return _keyword_call(self, self._in_paths, self._out_paths(), td, tensors)
+        if td is None:
+            raise TypeError(
+                NO_INPUT.format(module=self._name, names=[kwarg_name(p) for p in self._in_paths])
+            )
+        return self._forward(td)
+
+    def _out_paths(self) -> tuple[KeyPath, ...]:
+        return self._all_out_paths if self._selected is None else self._selected
+
+    def _forward(self, td: Any) -> Any:
         needed, selected, plan, name = self._route
         if not isinstance(td, Node):
             raise TypeError(NOT_A_CONTAINER.format(module=name, typ=type(td).__name__))
@@ -302,7 +399,7 @@ class TensorDictSequential(nn.Module):
         out = td
         for m in self._steps:
             out = m(out)
-        if selected is None:
+        if selected is None or plan is None:
             return out
         outputs = []
         for path in selected:

@@ -71,18 +71,51 @@ DUPLICATE_OUT_KEY = "out_keys {out_keys}: key {key} is written twice"
 NESTED_OUT_KEYS = "out_keys {out_keys}: key {inner} lies inside key {outer}; write one of them"
 NOT_KEY_ROUTED = (
     "TensorDictSequential: module {index} ({typ}) is not key-routed (it has no in_keys/out_keys); "
-    "wrap it: TensorDictModule(module, in_keys=[...], out_keys=[...])"
+    "wrap it: TensorDictModule(module, in_keys=[...], out_keys=[...]), or pass a plain "
+    "function that takes and returns a TensorDict"
+)
+STEP_OUTPUT = (
+    "{seq}: step {index} ({step}) returned a {typ}; a plain function in a TensorDictSequential "
+    "must return a TensorDict or tensorclass (e.g. lambda td: td.exclude('hidden'))"
+)
+KWARGS_AND_TD = (
+    "{module}: pass either a TensorDict / tensorclass or keyword tensors named after the "
+    "in_keys {names}, not both"
+)
+UNKNOWN_KWARGS = (
+    "{module}: unexpected keyword input(s) {got}; keyword inputs are named after the in_keys: "
+    "{names} (a nested key ('a', 'b') is passed as a_b)"
+)
+NO_INPUT = (
+    "{module}: no input; pass a TensorDict or keyword tensors named after the in_keys {names}"
 )
 NOT_AN_OUT_KEY = "{seq}: selected out key {key} is not written by any module (out keys: {out_keys})"
 NO_MODULES = "TensorDictSequential needs at least one module"
 
 
 # ---------------------------------------------------------------------------------- keys
+def unravel(key: Any) -> Any:
+    """Nested tuples of keys flattened into one path (as ``tensordict`` writes them):
+    ``(("a",), ("b", "c"))`` -> ``("a", "b", "c")``; anything else is returned as is."""
+    if not isinstance(key, tuple) or all(isinstance(k, str) for k in key):
+        return key
+    out: list[Any] = []
+    for k in key:
+        sub = unravel(k)
+        if isinstance(sub, tuple):
+            out.extend(sub)
+        else:
+            out.append(sub)
+    return tuple(out)
+
+
 def to_path(key: Any, what: str) -> KeyPath:
-    """``"a"`` -> ``("a",)``; a non-empty tuple of strings is already a path.
+    """``"a"`` -> ``("a",)``; a non-empty tuple of strings is already a path; nested tuples
+    are flattened (``(("a",), "b")`` -> ``("a", "b")``).
 
     Normalised by :func:`tdfunc._keys.as_path`; routing also rejects empty names.
     """
+    key = unravel(key)
     if is_key(key):
         path = as_path(key)
         if all(path):
@@ -97,6 +130,29 @@ def to_paths(keys: Any, what: str) -> tuple[KeyPath, ...]:
     if isinstance(keys, Iterable) and not isinstance(keys, (Mapping, bytes)):
         return tuple(to_path(k, what) for k in keys)
     raise TypeError(BAD_KEYS_ARG.format(what=what, typ=type(keys).__name__))
+
+
+def kwarg_name(path: KeyPath) -> str:
+    """The keyword a key is passed under when a module is called with keyword tensors
+    (``mod(obs=t)``): the path joined by ``"_"``, as ``tensordict.nn`` does."""
+    return "_".join(path)
+
+
+def from_kwargs(paths: Sequence[KeyPath], kwargs: Mapping[str, Any], owner: str) -> TensorDict:
+    """The TensorDict (``batch_size=()``) that keyword tensors stand for: each keyword goes
+    under the in key it names (nested key ``("a", "b")`` for the keyword ``a_b``)."""
+    by_name = {kwarg_name(p): p for p in paths}
+    unknown = [k for k in kwargs if k not in by_name]
+    if unknown:
+        raise TypeError(UNKNOWN_KWARGS.format(module=owner, got=unknown, names=list(by_name)))
+    root: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        *parents, last = by_name[name]
+        cur = root
+        for k in parents:
+            cur = cur.setdefault(k, {})
+        cur[last] = value
+    return TensorDict(root)
 
 
 def public_key(path: KeyPath) -> Key:

@@ -1,0 +1,213 @@
+"""Conversion between tdfunc containers and the ``tensordict`` package (shared tensors)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import tdfunc
+from tdfunc import TensorDict
+from tdfunc.interop import _errors as E
+from tdfunc.interop import from_tensordict, to_tensordict
+
+tensordict = pytest.importorskip("tensordict")
+
+
+@tdfunc.tensorclass
+class Inner:
+    v: torch.Tensor
+
+
+@tdfunc.tensorclass
+class Obs:
+    x: torch.Tensor
+    inner: Inner
+    extra: TensorDict | None = None
+    label: str = "none"
+    scale: float = 1.0
+
+
+@tensordict.tensorclass
+class TDInner:
+    v: torch.Tensor
+
+
+@tensordict.tensorclass
+class TDObs:
+    x: torch.Tensor
+    inner: TDInner
+    extra: tensordict.TensorDict = None
+    label: str = "none"
+    scale: float = 1.0
+
+
+def leaves_shared(a, b) -> None:
+    """Every leaf of the tdfunc container ``a`` is the very tensor of ``b`` (no copy)."""
+    for path, leaf in a.items(include_nested=True, leaves_only=True):
+        assert leaf is b.get(path), path
+
+
+# ================================================================== tensordict -> tdfunc
+def test_nested_tensordict_converts_without_copy():
+    src = tensordict.TensorDict(
+        a=torch.randn(4, 2),
+        n={"b": torch.ones(4, 3), "m": {"c": torch.zeros(4, dtype=torch.int64)}},
+        batch_size=[4],
+    )
+    td = from_tensordict(src)
+    assert isinstance(td, TensorDict)
+    assert td.batch_size == torch.Size([4])
+    assert td.keys(True, True) == [("a"), ("n", "b"), ("n", "m", "c")]
+    leaves_shared(td, src)
+    assert isinstance(td["n", "m"], TensorDict)
+
+
+def test_device_batch_dims_and_names_dropped():
+    src = tensordict.TensorDict(
+        a=torch.randn(2, 3, 5), batch_size=[2, 3], device="cpu", names=["env", "time"]
+    )
+    td = from_tensordict(src)
+    assert td.batch_size == torch.Size([2, 3])
+    assert td.device == torch.device("cpu")
+    assert td["a"] is src["a"]
+
+
+def test_mixed_dtypes_zero_dim_and_empty_leaves():
+    src = tensordict.TensorDict(
+        f16=torch.randn(()).half(),
+        b=torch.tensor(True),
+        e=torch.zeros(0, 3),
+        i=torch.tensor(7, dtype=torch.int8),
+    )
+    td = from_tensordict(src)
+    for k in ("f16", "b", "e", "i"):
+        assert td[k] is src[k]
+    back = to_tensordict(td)
+    for k in ("f16", "b", "e", "i"):
+        assert back[k] is src[k]
+
+
+def test_lazy_stack_is_materialised():
+    a = tensordict.TensorDict(x=torch.zeros(3), batch_size=[3])
+    b = tensordict.TensorDict(x=torch.ones(3), batch_size=[3])
+    lazy = tensordict.LazyStackedTensorDict.lazy_stack([a, b])
+    td = from_tensordict(lazy)
+    assert td.batch_size == torch.Size([2, 3])
+    assert td["x"].tolist() == [[0.0] * 3, [1.0] * 3]
+
+
+def test_memory_mapped_tensordict_leaves_stay_mapped(tmp_path):
+    src = tensordict.TensorDict(a=torch.arange(4.0), batch_size=[4]).memmap(str(tmp_path))
+    td = from_tensordict(src)
+    assert isinstance(td["a"], tensordict.MemoryMappedTensor)
+    assert td["a"] is src["a"]
+
+
+def test_tdfunc_memory_mapped_leaves_stay_mapped(tmp_path):
+    tdfunc.save(TensorDict(a=torch.arange(4.0), batch_size=[4]), str(tmp_path / "s"))
+    stored = tdfunc.load(str(tmp_path / "s"))
+    out = to_tensordict(stored)
+    assert isinstance(out["a"], tdfunc.MemoryMappedTensor)
+    assert out["a"].mode == "r"
+    with pytest.raises(PermissionError):
+        out["a"].add_(1)
+
+
+def test_non_tensor_data_needs_a_static_field():
+    src = tensordict.TensorDict(x=torch.zeros(2), batch_size=[2])
+    src["label"] = tensordict.NonTensorData("hi")
+    msg = E.NON_TENSOR_VALUE.format(key="'label'", typ="str")
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        from_tensordict(src)
+
+
+def test_not_a_tensordict_input():
+    with pytest.raises(TypeError, match=re.escape(E.NOT_A_TENSORDICT_INPUT.format(typ="dict"))):
+        from_tensordict({"a": torch.zeros(1)})
+    with pytest.raises(TypeError, match=re.escape(E.NOT_A_TDFUNC_INPUT.format(typ="TensorDict"))):
+        to_tensordict(tensordict.TensorDict())
+    with pytest.raises(TypeError, match="is not a tdfunc @tensorclass"):
+        from_tensordict(tensordict.TensorDict(), TDObs)
+    with pytest.raises(TypeError, match="is not a tensordict @tensorclass"):
+        to_tensordict(TensorDict(), Obs)
+
+
+# ================================================================== tdfunc -> tensordict
+def test_tdfunc_to_tensordict_without_copy_and_back():
+    td = TensorDict(
+        a=torch.randn(3, 2), n={"b": torch.ones(3), "m": {"c": torch.zeros(3, 1)}}, batch_size=[3]
+    )
+    before = td.clone()
+    out = to_tensordict(td)
+    assert isinstance(out, tensordict.TensorDict)
+    assert out.batch_size == torch.Size([3])
+    leaves_shared(td, out)
+    again = from_tensordict(out)
+    leaves_shared(again, out)
+    tdfunc.testing.assert_close(again, td)
+    tdfunc.testing.assert_close(td, before)
+
+
+def test_device_is_kept():
+    td = TensorDict(a=torch.zeros(2), batch_size=[2], device="cpu")
+    assert to_tensordict(td).device == torch.device("cpu")
+    assert from_tensordict(to_tensordict(td)).device == torch.device("cpu")
+
+
+# ================================================================== tensorclasses
+def make_obs() -> Obs:
+    return Obs(
+        torch.randn(4, 2),
+        Inner(torch.arange(4.0), batch_size=[4]),
+        extra=TensorDict(r=torch.ones(4), batch_size=[4]),
+        label="cam",
+        scale=0.5,
+        batch_size=[4],
+    )
+
+
+def test_tensorclass_round_trip_through_a_tensordict_tensorclass():
+    obs = make_obs()
+    out = to_tensordict(obs, TDObs)
+    assert isinstance(out, TDObs)
+    assert isinstance(out.inner, TDInner)
+    assert out.label == "cam"
+    assert out.scale == 0.5
+    assert out.x is obs.x
+    assert out.inner.v is obs.inner.v
+    assert out.batch_size == torch.Size([4])
+    back = from_tensordict(out, Obs)
+    assert isinstance(back, Obs)
+    assert isinstance(back.inner, Inner)
+    assert back.label == "cam"
+    assert back.scale == 0.5
+    assert back.x is obs.x
+    assert back.inner.v is obs.inner.v
+    assert back.extra["r"] is obs.extra["r"]
+
+
+def test_tensorclass_none_fields_and_defaults():
+    src = TDObs(x=torch.zeros(2), inner=TDInner(v=torch.ones(2), batch_size=[2]), batch_size=[2])
+    back = from_tensordict(src, Obs)
+    assert back.extra is None
+    assert back.label == "none"
+
+
+def test_tensorclass_without_target_class_gives_tensordicts():
+    obs = make_obs()
+    out = to_tensordict(obs)
+    assert isinstance(out, tensordict.TensorDict)
+    assert sorted(out.keys()) == ["extra", "inner", "x"]
+    td = from_tensordict(out)
+    assert isinstance(td, TensorDict)
+    assert td["inner", "v"] is obs.inner.v
+
+
+def test_tensorclass_missing_static_target_is_an_error():
+    src = TDObs(x=torch.zeros(2), inner=TDInner(v=torch.ones(2), batch_size=[2]), batch_size=[2])
+    with pytest.raises(
+        TypeError, match=re.escape(E.NON_TENSOR_VALUE.format(key="'label'", typ="str"))
+    ):
+        from_tensordict(src)
