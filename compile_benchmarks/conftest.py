@@ -38,6 +38,21 @@ What ``measure`` does
   before the first measured one and is excluded (``inductor_warmup_s`` in the JSON).
 * ``make_args(n)`` must build fresh inputs of the same structure for batch size ``n``.
 
+Threads and clock
+-----------------
+* ``--bench-threads N`` (default ``TDFUNC_BENCH_THREADS`` or 1) fixes the thread setting for
+  the whole run before any benchmark: ``torch.set_num_threads(N)``, one inter-op thread,
+  ``torch._inductor.config.cpp.threads = N`` (the OpenMP threads of generated kernels) and
+  ``OMP_NUM_THREADS`` for subprocesses. ``python -m compile_benchmarks.run`` also sets
+  ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` before the interpreter starts, which is the only
+  way to size an OpenMP runtime reliably. With more threads than free cores, OpenMP workers
+  spin-wait for each other and one call can take 20-50x longer (measured on the 2-core
+  machine); one thread is the default for that reason.
+* The report prints the thread setting and the clock: ``run.py`` times with
+  ``time.process_time`` (CPU time of the process) when one thread is used, so the time a
+  process waits for a core on a shared machine is not counted, and with ``time.perf_counter``
+  otherwise (``--clock``).
+
 Quick mode and passes
 ---------------------
 * ``--bench-quick`` (or the environment variable ``TDFUNC_BENCH_QUICK=1``) is the smoke-test
@@ -92,6 +107,8 @@ from torch import Tensor
 from compile_benchmarks import CONTENDERS, QUICK_ENV, available_modes
 
 _DEFAULT_SIZES = "6,14,22,26"
+#: Environment variable giving the default of ``--bench-threads``.
+THREADS_ENV = "TDFUNC_BENCH_THREADS"
 _PASS_PARAM = "bench_pass"
 _UNGROUPED = ("contender", _PASS_PARAM)
 #: Marker of representative workloads (compiled for every contender, even in quick mode).
@@ -117,6 +134,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="repeat every benchmark in this many interleaved passes (default 1)",
     )
     group.addoption(
+        "--bench-threads",
+        type=int,
+        default=None,
+        help=f"intra-op and OpenMP threads for the whole run (default ${THREADS_ENV} or 1)",
+    )
+    group.addoption(
         "--bench-sizes",
         default=_DEFAULT_SIZES,
         help=f"batch sizes of the dynamic=True recompile probe (default {_DEFAULT_SIZES})",
@@ -127,6 +150,40 @@ def is_quick(config: pytest.Config) -> bool:
     """True in quick (smoke-test) mode: ``--bench-quick`` or ``TDFUNC_BENCH_QUICK=1``."""
     env = os.environ.get(QUICK_ENV, "")
     return bool(config.getoption("--bench-quick")) or env not in ("", "0", "false", "no")
+
+
+def bench_threads(config: pytest.Config) -> int:
+    """The thread count of the run: ``--bench-threads``, else ``$TDFUNC_BENCH_THREADS``, else 1."""
+    opt = config.getoption("--bench-threads")
+    if opt is None:
+        opt = int(os.environ.get(THREADS_ENV, "") or 1)
+    if opt < 1:
+        raise ValueError(f"--bench-threads must be >= 1, got {opt}")
+    return int(opt)
+
+
+def set_threads(n: int) -> dict[str, Any]:
+    """Fix the thread setting of this process (see the module docstring); return it."""
+    import torch._inductor.config as inductor_config
+
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    os.environ.setdefault("MKL_NUM_THREADS", str(n))
+    torch.set_num_threads(n)
+    interop_set = True
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already started (e.g. by an earlier parallel call): keep it
+        interop_set = False
+    inductor_config.cpp.threads = n
+    return {
+        "threads": n,
+        "torch_threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "interop_set": interop_set,
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        "inductor_cpp_threads": inductor_config.cpp.threads,
+        "parallel_info": torch.__config__.parallel_info().splitlines()[:6],
+    }
 
 
 def _explicit_params(metafunc: pytest.Metafunc) -> set[str]:
@@ -203,6 +260,7 @@ def _runs_in_quick(item: pytest.Item) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config._tdfunc_bench_threads = set_threads(bench_threads(config))  # type: ignore[attr-defined]
     config.addinivalue_line(
         "markers",
         f"{REPRESENTATIVE}: a workload compiled for every contender even in quick mode",
@@ -630,6 +688,8 @@ def session_metadata(config: pytest.Config) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "memory_gib": _memory_gib(),
         "torch_threads": torch.get_num_threads(),
+        "threads": getattr(config, "_tdfunc_bench_threads", {}),
+        "timer": str(config.getoption("benchmark_timer", None) or "time.perf_counter"),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "platform": platform.platform(),
         "python": sys.version.split()[0],

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -35,6 +36,32 @@ QUICK_ARGS = (
 )
 FULL_PASSES = 5
 FULL_MAX_TIME = 0.2  # seconds per benchmark and pass
+DEFAULT_THREADS = 1
+#: ``--clock`` choices: the pytest-benchmark timer of each.
+CLOCKS = {"cpu": "time.process_time", "wall": "time.perf_counter"}
+
+
+def default_clock(threads: int) -> str:
+    """CPU time with one thread (robust to a loaded machine), wall time with more.
+
+    Example:
+        >>> default_clock(1), default_clock(4)
+        ('cpu', 'wall')
+    """
+    return "cpu" if threads == 1 else "wall"
+
+
+def child_env(threads: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the benchmark process: threads fixed before the interpreter starts.
+
+    Example:
+        >>> child_env(1, {})["OMP_NUM_THREADS"]
+        '1'
+    """
+    env = dict(os.environ if base is None else base)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TDFUNC_BENCH_THREADS"):
+        env[var] = str(threads)
+    return env
 
 
 def pytest_command(
@@ -43,6 +70,8 @@ def pytest_command(
     json_path: str | Path,
     passes: int | None = None,
     max_time: float = FULL_MAX_TIME,
+    threads: int = DEFAULT_THREADS,
+    clock: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The pytest command line of a quick or full run."""
@@ -60,6 +89,8 @@ def pytest_command(
         "--benchmark-disable-gc",
         "--benchmark-sort=name",
         "--benchmark-columns=median,iqr,rounds",
+        f"--bench-threads={threads}",
+        f"--benchmark-timer={CLOCKS[clock or default_clock(threads)]}",
     ]
     if quick:
         cmd += list(QUICK_ARGS)
@@ -87,6 +118,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--max-time", type=float, default=FULL_MAX_TIME, help="seconds per benchmark and pass"
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=int(os.environ.get("TDFUNC_BENCH_THREADS", "") or DEFAULT_THREADS),
+        help="intra-op and OpenMP threads for the whole run (default 1)",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default=None,
+        help="cpu (process CPU time) or wall; default: cpu with one thread, wall otherwise",
+    )
     parser.add_argument("--out", type=Path, default=None, help="report directory")
     parser.add_argument("--no-report", action="store_true", help="only run the benchmarks")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
@@ -102,11 +145,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         json_path=json_path,
         passes=args.passes,
         max_time=args.max_time,
+        threads=args.threads,
+        clock=args.clock,
         extra=args.pytest_args,
     )
     print("+", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
-    rc = subprocess.call(cmd, cwd=ROOT)
+    rc = subprocess.call(cmd, cwd=ROOT, env=child_env(args.threads))
     print(
         f"benchmarks finished in {time.perf_counter() - t0:.0f} s (pytest exit code {rc})",
         flush=True,

@@ -9,25 +9,22 @@ leaves. Workloads (each in eager and compiled mode, ``fullgraph=True``):
   a ``[64, 3]`` batch.
 * ``fcall_forward_backward``: ``torch.func.grad`` of the mean squared error w.r.t. the
   parameters (forward + backward), returning the gradients in the parameters' container.
-* ``vmap_ensemble``: 8 members with stacked parameters (batch ``[8]``), ``torch.vmap`` over the
-  members on one shared ``[256, 3]`` input, no gradients.
-* ``per_sample_grads``: ``torch.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))`` over a
-  batch of 64 examples: one gradient container per example.
+
+The ensemble, per-sample gradient and training-step workloads are end-to-end workloads in
+``test_bench_workloads.py`` (with a hand-written floor).
 
 Contenders:
 
-* ``tdfunc``: :func:`tdfunc.nn.from_module` / :func:`tdfunc.nn.stack_modules` TensorDicts and
-  :func:`tdfunc.nn.functional_call` (no module state is touched).
-* ``tensordict``: ``TensorDict.from_module`` / ``TensorDict.from_modules(as_module=True)`` and
+* ``tdfunc``: :func:`tdfunc.from_module` TensorDicts and :func:`tdfunc.functional_call` (no
+  module state is touched).
+* ``tensordict``: ``TensorDict.from_module`` and
   ``with params.to_module(module, preserve_module_state=False): module(x)`` (the form that
   compiles under ``torch.func.grad``; it swaps the module's attributes for the call).
-* ``torch_func``: raw ``torch.func.functional_call`` on a flat ``dict`` of tensors, and
-  ``torch.func.stack_module_state`` for the ensemble.
+* ``torch_func``: raw ``torch.func.functional_call`` on a flat ``dict`` of tensors.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -35,11 +32,10 @@ import pytest
 import torch
 from torch import nn
 
-import tdfunc.nn as tnn
+import tdfunc
 
 CATEGORY = "nn"
 CONTENDERS_HERE = ("tdfunc", "tensordict", "torch_func")
-MEMBERS = 8
 
 
 def mlp(seed: int = 0) -> nn.Sequential:
@@ -68,7 +64,7 @@ def _params(contender: str, model: nn.Module) -> Any:
     """The model's parameters with new values, as the contender's container."""
     flat = _new_values(model)
     if contender == "tdfunc":
-        return tnn.from_module(model).named_apply(lambda k, t: flat[".".join(k)])
+        return tdfunc.from_module(model).named_apply(lambda k, t: flat[".".join(k)])
     if contender == "tensordict":
         td = _tensordict().TensorDict.from_module(model)
         return td.detach().clone().flatten_keys(".").update(flat).unflatten_keys(".")
@@ -80,7 +76,7 @@ def _caller(contender: str, model: nn.Module) -> Callable[[Any, torch.Tensor], t
     if contender == "tdfunc":
 
         def call(p: Any, x: torch.Tensor) -> torch.Tensor:
-            return tnn.functional_call(model, p, (x,))
+            return tdfunc.functional_call(model, p, (x,))
 
     elif contender == "tensordict":
 
@@ -103,18 +99,10 @@ def _loss(call: Callable[[Any, torch.Tensor], torch.Tensor]) -> Callable[..., to
     return loss
 
 
-def _per_example_loss(call: Callable[[Any, torch.Tensor], torch.Tensor]) -> Callable[..., Any]:
-    def loss(p: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return ((call(p, x.unsqueeze(0)) - y.unsqueeze(0)) ** 2).mean()
-
-    return loss
-
-
 # ----------------------------------------------------------------------------- workloads
 WORKLOADS = {
     "fcall_forward": "MLP 3-64-64-4 called with swapped-in parameters on a [64, 3] batch",
     "fcall_forward_backward": "torch.func.grad of the MSE w.r.t. the parameters ([64, 3] batch)",
-    "per_sample_grads": "vmap(grad(loss), in_dims=(None, 0, 0)) over 64 examples",
 }
 
 
@@ -136,10 +124,7 @@ def test_functional_call(
             return params, _data(n)[0]
 
     else:
-        if workload == "fcall_forward_backward":
-            fn = torch.func.grad(_loss(call))
-        else:
-            fn = torch.vmap(torch.func.grad(_per_example_loss(call)), in_dims=(None, 0, 0))
+        fn = torch.func.grad(_loss(call))
 
         def make_args(n: int) -> tuple[Any, ...]:
             return (params, *_data(n))
@@ -156,46 +141,6 @@ def test_functional_call(
         category=CATEGORY,
         make_args=make_args,
         doc=WORKLOADS[workload],
-    )
-
-
-def _ensemble(contender: str) -> tuple[Callable[..., Any], Any]:
-    members = [mlp(seed=i) for i in range(MEMBERS)]
-    base = copy.deepcopy(members[0]).to("meta")  # structure only
-    if contender == "tdfunc":
-        stacked: Any = tnn.stack_modules(members).detach()
-    elif contender == "tensordict":
-        stacked = _tensordict().TensorDict.from_modules(*members, as_module=True).detach()
-    else:
-        ps, bs = torch.func.stack_module_state(members)
-        stacked = {k: v.detach() for k, v in {**ps, **bs}.items()}
-    call = _caller(contender, base)
-    return torch.vmap(call, in_dims=(0, None)), stacked
-
-
-@pytest.mark.bench_representative
-@pytest.mark.parametrize("contender", CONTENDERS_HERE)
-def test_vmap_ensemble(measure: Callable[..., Any], mode: str, contender: str) -> None:
-    """vmap ensemble: 8 stacked MLPs 3-64-64-4 on one shared [256, 3] input, no gradients."""
-    if contender == "tensordict":
-        _tensordict()
-    ensemble, stacked = _ensemble(contender)
-
-    def run(p: Any, x: torch.Tensor) -> torch.Tensor:
-        return ensemble(p, x)
-
-    def make_args(n: int) -> tuple[Any, ...]:
-        return stacked, _data(n)[0]
-
-    measure(
-        run,
-        *make_args(256),
-        workload="vmap_ensemble",
-        mode=mode,
-        contender=contender,
-        category=CATEGORY,
-        make_args=make_args,
-        members=MEMBERS,
     )
 
 
@@ -238,10 +183,10 @@ def test_train_mode_forward(measure: Callable[..., Any], mode: str, contender: s
     """
     model = resnet_style()
     if contender == "tdfunc":
-        state: Any = tnn.from_module(model).detach()
+        state: Any = tdfunc.from_module(model).detach()
 
         def run(s: Any, x: torch.Tensor) -> Any:
-            return tnn.functional_call(model, s, (x,), return_state=True)
+            return tdfunc.functional_call(model, s, (x,), return_state=True)
 
     else:
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
