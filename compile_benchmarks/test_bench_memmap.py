@@ -34,7 +34,7 @@ import pytest
 import torch
 
 import tdfunc
-from tdfunc.memmap import load, save
+from tdfunc import load, save
 
 CATEGORY = "memmap"
 LEAVES = 16

@@ -13,7 +13,6 @@ from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
-import tdfunc.nn as tnn
 
 STEPS, LR = 30, 0.1
 
@@ -44,14 +43,16 @@ net = make_net()  # gives the structure; its own tensors are never used nor chan
 
 def train_step(params, buffers, x, y):
     def loss_fn(p):
-        logits, (_, new_buffers) = tnn.functional_call(net, (p, buffers), (x,), return_state=True)
+        logits, (_, new_buffers) = tdfunc.functional_call(
+            net, (p, buffers), (x,), return_state=True
+        )
         return F.cross_entropy(logits, y), new_buffers
 
     grads, (loss, new_buffers) = torch.func.grad_and_value(loss_fn, has_aux=True)(params)
     return params - LR * grads, new_buffers, loss
 
 
-params = tnn.from_module(net, buffers=False).detach()
+params = tdfunc.from_module(net, buffers=False).detach()
 buffers = tdfunc.TensorDict({k: b.clone() for k, b in net.named_buffers()}).unflatten_keys(".")
 counter = CompileCounterWithBackend("aot_eager")
 step = torch.compile(train_step, backend=counter, fullgraph=True)
@@ -82,6 +83,6 @@ for i in range(STEPS):
 
 ref_buffers = tdfunc.TensorDict(dict(ref.named_buffers())).unflatten_keys(".")
 tdfunc.testing.assert_close(buffers, ref_buffers, rtol=1e-4, atol=1e-5)
-tdfunc.testing.assert_close(params, tnn.from_module(ref, buffers=False), rtol=1e-4, atol=1e-5)
+tdfunc.testing.assert_close(params, tdfunc.from_module(ref, buffers=False), rtol=1e-4, atol=1e-5)
 assert max(abs(a - b) for a, b in zip(losses, ref_losses)) < 1e-4
 print("running statistics, parameters and losses match the stateful nn.Module + SGD loop")

@@ -23,8 +23,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard
 
 from tdfunc import distributed as tdd
+from tdfunc import from_module, functional_call
 from tdfunc.distributed._launch import launch  # the small local launcher of the tests
-from tdfunc.nn import from_module, functional_call
 
 
 def make_model() -> nn.Module:

@@ -9,7 +9,7 @@ import copy
 import torch
 from torch import nn
 
-import tdfunc.nn as tnn
+import tdfunc
 
 torch.manual_seed(0)
 N, B = 8, 64
@@ -20,7 +20,7 @@ def make_mlp() -> nn.Module:
 
 
 members = [make_mlp() for _ in range(N)]
-params = tnn.stack_modules(members)  # TensorDict, batch [8]
+params = tdfunc.stack_modules(members)  # TensorDict, batch [8]
 print("stacked parameters:", params.batch_size, "weight", tuple(params["0", "weight"].shape))
 
 # a structure-only copy on the meta device does the calls: no memory for its own weights
@@ -28,7 +28,7 @@ base = copy.deepcopy(members[0]).to("meta")
 
 
 def member_forward(p, x):
-    return tnn.functional_call(base, p, (x,))
+    return tdfunc.functional_call(base, p, (x,))
 
 
 ensemble = torch.vmap(member_forward, in_dims=(0, None))  # same input for every member

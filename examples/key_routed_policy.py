@@ -8,13 +8,8 @@ import torch
 from torch import nn
 
 import tdfunc
-from tdfunc.nn import (
-    TensorDictModule,
-    TensorDictSequential,
-    from_module,
-    functional_call,
-    stack_modules,
-)
+from tdfunc import from_module, functional_call, stack_modules
+from tdfunc.nn import TensorDictModule, TensorDictSequential
 
 
 def make_policy(obs_dim: int = 4, hidden: int = 32, n_actions: int = 2) -> TensorDictSequential:

@@ -4,16 +4,16 @@ for a differentially-private style step: clip each example's gradient, then aver
 import torch
 from torch import nn
 
-import tdfunc.nn as tnn
+import tdfunc
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
-params = tnn.from_module(model).detach()  # TensorDict of the model's weights, batch ()
+params = tdfunc.from_module(model).detach()  # TensorDict of the model's weights, batch ()
 x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
 
 
 def loss_fn(p, xi, yi):
-    logits = tnn.functional_call(model, p, (xi.unsqueeze(0),))
+    logits = tdfunc.functional_call(model, p, (xi.unsqueeze(0),))
     return nn.functional.cross_entropy(logits, yi.unsqueeze(0))
 
 
@@ -40,7 +40,7 @@ new_params = params - 0.5 * mean_grad
 
 
 def full_loss(p):
-    return nn.functional.cross_entropy(tnn.functional_call(model, p, (x,)), y)
+    return nn.functional.cross_entropy(tdfunc.functional_call(model, p, (x,)), y)
 
 
 before, after = full_loss(params), full_loss(new_params)

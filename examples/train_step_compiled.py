@@ -8,7 +8,6 @@ from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
-import tdfunc.nn as tnn
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 1))
@@ -21,7 +20,7 @@ def make_batch(n=256):
 
 
 def loss_fn(params, batch):
-    pred = tnn.functional_call(model, params, (batch["x"],))
+    pred = tdfunc.functional_call(model, params, (batch["x"],))
     return ((pred - batch["y"]) ** 2).mean()
 
 
@@ -34,7 +33,7 @@ def train_step(params, momentum, batch, lr):
 counter = CompileCounterWithBackend("inductor")  # real compilation, plus a frame count
 step = torch.compile(train_step, backend=counter, fullgraph=True)
 
-params = tnn.from_module(model).detach()
+params = tdfunc.from_module(model).detach()
 momentum = params * 0
 lr = torch.tensor(0.05)
 t0 = time.perf_counter()
@@ -48,7 +47,7 @@ print(f"final loss {loss:.4f}; frames compiled: {counter.frame_count} (one graph
 assert counter.frame_count == 1 and loss < 0.05
 
 # the same step eagerly gives the same numbers
-p0 = tnn.from_module(model).detach()
+p0 = tdfunc.from_module(model).detach()
 b = make_batch()
 eager = train_step(p0, p0 * 0, b, lr)
 compiled = step(p0, p0 * 0, b, lr)

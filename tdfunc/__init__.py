@@ -16,12 +16,9 @@ Example:
 from __future__ import annotations
 
 import importlib
-import sys
-import types
-import warnings
 from typing import Any
 
-from . import _collate, nn, testing
+from . import _collate, _deprecate, nn, testing
 from ._base import Container
 from ._control import cond, scan, while_loop
 from ._errors import KeysDifferError, NodeTypesDifferError, StructureError
@@ -31,47 +28,32 @@ from ._tensorclass import is_tensorclass, tensorclass
 from ._tree import OPTREE_NAMESPACE
 from ._tree import is_node as is_container
 from ._version import __version__
-from .memmap import MemmapFormatError, MemoryMappedTensor, load, memmap_like, save
-from .nn import from_module, functional_call, stack_modules
+from .memmap._errors import MemmapFormatError, StoreCleanupWarning, StoreReplacedError
+from .memmap._store import load, memmap_like, save
+from .memmap._tensor import MemoryMappedTensor
+from .nn._functional import from_module, functional_call, stack_modules
 from .tensordict import TensorDict
 
 del _collate  # imported for its registration with torch's default_collate
 
-#: Names that moved, kept for one release: old name -> (object getter, new home).
-_DEPRECATED: dict[str, tuple[str, str]] = {
-    "TensorTree": ("Container", "tdfunc.Container"),
-    "is_node": ("is_container", "tdfunc.is_container"),
-    "from_dict": ("TensorDict.from_dict", "tdfunc.TensorDict.from_dict"),
-}
-
-
-def _deprecated_module(name: str, names: dict[str, Any], home: str) -> None:
-    """Register ``tdfunc.<name>`` as an importable module path that still gives ``names``
-    (with a ``DeprecationWarning``), without shadowing the attribute ``tdfunc.<name>``."""
-    mod = types.ModuleType(f"{__name__}.{name}", f"Deprecated module path: use {home}.")
-
-    def getattr_(attr: str) -> Any:
-        if attr not in names:
-            raise AttributeError(f"module {mod.__name__!r} has no attribute {attr!r}")
-        warnings.warn(
-            f"{mod.__name__}.{attr} is deprecated and will be removed in the next release; "
-            f"use {home}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return names[attr]
-
-    mod.__getattr__ = getattr_  # type: ignore[method-assign]
-    sys.modules[mod.__name__] = mod
-
-
-_deprecated_module(
-    "tensorclass",
-    {"tensorclass": tensorclass, "is_tensorclass": is_tensorclass},
-    "tdfunc.tensorclass / tdfunc.is_tensorclass",
+_deprecated_getattr = _deprecate.module_getattr(
+    __name__,
+    {
+        "TensorTree": (lambda: Container, "tdfunc.Container"),
+        "is_node": (lambda: is_container, "tdfunc.is_container"),
+        "from_dict": (lambda: TensorDict.from_dict, "tdfunc.TensorDict.from_dict"),
+    },
 )
-_deprecated_module(
-    "control", {"cond": cond, "while_loop": while_loop, "scan": scan}, "tdfunc.cond / ..."
+_deprecate.module_path(
+    f"{__name__}.tensorclass",
+    {
+        "tensorclass": (lambda: tensorclass, "tdfunc.tensorclass"),
+        "is_tensorclass": (lambda: is_tensorclass, "tdfunc.is_tensorclass"),
+    },
+)
+_deprecate.module_path(
+    f"{__name__}.control",
+    {n: ((lambda n=n: globals()[n]), f"tdfunc.{n}") for n in ("cond", "while_loop", "scan")},
 )
 
 
@@ -79,18 +61,11 @@ def __getattr__(name: str) -> Any:
     # tdfunc.distributed imports torch.distributed.tensor (about 1 s): loaded on first use
     if name == "distributed":
         return importlib.import_module(".distributed", __name__)
-    if name in _DEPRECATED:
-        target, home = _DEPRECATED[name]
-        warnings.warn(
-            f"tdfunc.{name} is deprecated and will be removed in the next release; use {home}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        obj: Any = globals()[target.split(".")[0]]
-        for part in target.split(".")[1:]:
-            obj = getattr(obj, part)
-        return obj
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _deprecated_getattr(name)
+
+
+def __dir__() -> list[str]:
+    return [*__all__, "distributed"]
 
 
 __all__ = [
@@ -100,6 +75,8 @@ __all__ = [
     "MemmapFormatError",
     "MemoryMappedTensor",
     "NodeTypesDifferError",
+    "StoreCleanupWarning",
+    "StoreReplacedError",
     "StructureError",
     "TensorDict",
     "__version__",

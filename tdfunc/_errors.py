@@ -146,3 +146,11 @@ NOT_A_BATCH_DIM = (
     "dynamic_batch_shapes: dim {dim} is not a batch dim of the {cls} at {path} "
     "(batch_size {batch_size}); only batch dims can be marked"
 )
+# batch shape ops: the texts of torch's own reshape errors
+RESHAPE_TWO_INFERRED = "only one dimension can be inferred"
+RESHAPE_NEGATIVE = "invalid shape dimension {dim}"
+RESHAPE_INVALID = "shape '{shape}' is invalid for input of size {numel}"
+RESHAPE_AMBIGUOUS = (
+    "cannot reshape tensor of {numel} elements into shape {shape} because the unspecified "
+    "dimension size -1 can be any value and is ambiguous"
+)

@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch._prims_common import infer_size
 
 from . import _errors as E
 from ._keys import KeyPath, fmt_key
@@ -320,10 +319,33 @@ def _shape_arg(shape: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(shape)
 
 
-def _infer_shape(shape: tuple[Any, ...], numel: int) -> tuple[int, ...]:
-    """The batch shape ``shape`` (one ``-1`` allowed) for ``numel`` elements, with torch's own
-    rules and errors (``RuntimeError``), so batch shape ops behave like a plain tensor's."""
-    return tuple(infer_size(shape, numel))
+def _infer_shape(shape: tuple[Any, ...], numel: Any) -> tuple[Any, ...]:
+    """The batch shape ``shape`` (one ``-1`` allowed) for ``numel`` elements, with torch's rules
+    and error type (``RuntimeError``), so batch shape ops behave like a plain tensor's.
+
+    Plain Python on the sizes: with symbolic sizes (``dynamic=True``) the checks become guards.
+    """
+    infer = None
+    known = 1
+    for i, s in enumerate(shape):
+        if s == -1:
+            if infer is not None:
+                raise RuntimeError(E.RESHAPE_TWO_INFERRED)
+            infer = i
+        elif s < 0:
+            raise RuntimeError(E.RESHAPE_NEGATIVE.format(dim=s))
+        else:
+            known = known * s
+    if infer is None:
+        if known != numel:
+            raise RuntimeError(E.RESHAPE_INVALID.format(shape=list(shape), numel=numel))
+        return tuple(shape)
+    if known == 0:
+        msg = E.RESHAPE_AMBIGUOUS if numel == 0 else E.RESHAPE_INVALID
+        raise RuntimeError(msg.format(shape=list(shape), numel=numel))
+    if numel % known != 0:
+        raise RuntimeError(E.RESHAPE_INVALID.format(shape=list(shape), numel=numel))
+    return tuple(numel // known if i == infer else s for i, s in enumerate(shape))
 
 
 def reshape(node: Any, *shape: Any) -> Any:

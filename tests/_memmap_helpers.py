@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import tdfunc
-from tdfunc.memmap import MemoryMappedTensor, load, save
+from tdfunc import MemoryMappedTensor, load, save
 from tdfunc.memmap import _store as _memmap_store
 
 GRANDCHILD_TIMEOUT_S = 60.0

@@ -11,10 +11,8 @@ import torch
 from conftest import check_compiled
 from torch import nn
 
-from tdfunc import TensorDict
+from tdfunc import TensorDict, from_module, functional_call, tensorclass
 from tdfunc import _errors as E
-from tdfunc.nn import from_module, functional_call
-from tdfunc import tensorclass
 from tdfunc.testing import assert_close
 
 

@@ -26,8 +26,15 @@ from hypothesis import strategies as st
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
-from tdfunc import TensorDict, tensorclass
-from tdfunc.memmap import MemmapFormatError, MemoryMappedTensor, load, memmap_like, save
+from tdfunc import (
+    MemmapFormatError,
+    MemoryMappedTensor,
+    TensorDict,
+    load,
+    memmap_like,
+    save,
+    tensorclass,
+)
 from tdfunc.memmap import _errors as E
 from tdfunc.memmap import _store as S
 from tdfunc.memmap._tensor import DTYPES

@@ -22,14 +22,15 @@ import pytest
 import torch
 
 import tdfunc
-from tdfunc import TensorDict, tensorclass
-from tdfunc.memmap import (
+from tdfunc import (
     MemmapFormatError,
     MemoryMappedTensor,
     StoreCleanupWarning,
     StoreReplacedError,
+    TensorDict,
     load,
     save,
+    tensorclass,
 )
 from tdfunc.memmap import _errors as E
 from tdfunc.memmap import _store as S

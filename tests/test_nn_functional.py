@@ -13,10 +13,8 @@ from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
-from tdfunc import TensorDict
+from tdfunc import TensorDict, from_module, functional_call, stack_modules, tensorclass
 from tdfunc.nn import _functional as F
-from tdfunc.nn import from_module, functional_call, stack_modules
-from tdfunc import tensorclass
 from tdfunc.testing import assert_close
 
 
@@ -451,6 +449,6 @@ def test_functional_call_with_tensorclass_params():
 
 
 def test_tdfunc_top_level_names_are_the_nn_functions():
-    assert tdfunc.nn.from_module is from_module
-    assert tdfunc.nn.functional_call is functional_call
-    assert tdfunc.nn.stack_modules is stack_modules
+    assert tdfunc.from_module is from_module
+    assert tdfunc.functional_call is functional_call
+    assert tdfunc.stack_modules is stack_modules

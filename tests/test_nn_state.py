@@ -13,8 +13,8 @@ from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
-from tdfunc import TensorDict
-from tdfunc.nn import TensorDictModule, from_module, functional_call, stack_modules
+from tdfunc import TensorDict, from_module, functional_call, stack_modules
+from tdfunc.nn import TensorDictModule
 from tdfunc.nn._errors import STATE_WRITTEN
 
 

@@ -51,16 +51,22 @@ Example:
 
 from __future__ import annotations
 
-from ._errors import MemmapFormatError, StoreCleanupWarning, StoreReplacedError
-from ._store import load, memmap_like, save
-from ._tensor import MemoryMappedTensor
+from .. import _deprecate
+from . import _errors, _store, _tensor
 
-__all__ = [
-    "MemmapFormatError",
-    "MemoryMappedTensor",
-    "StoreCleanupWarning",
-    "StoreReplacedError",
-    "load",
-    "memmap_like",
-    "save",
-]
+# The public names of this package live at the top level (tdfunc.save, tdfunc.load, ...);
+# the paths tdfunc.memmap.<name> are kept for one release.
+__getattr__ = _deprecate.module_getattr(
+    __name__,
+    {
+        name: ((lambda m=m, name=name: getattr(m, name)), f"tdfunc.{name}")
+        for m, names in (
+            (_errors, ("MemmapFormatError", "StoreCleanupWarning", "StoreReplacedError")),
+            (_store, ("load", "memmap_like", "save")),
+            (_tensor, ("MemoryMappedTensor",)),
+        )
+        for name in names
+    },
+)
+
+__all__: list[str] = []

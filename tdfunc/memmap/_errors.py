@@ -24,7 +24,7 @@ class StoreReplacedError(OSError):
 
     Example:
         >>> import tdfunc
-        >>> issubclass(tdfunc.memmap.StoreReplacedError, OSError)
+        >>> issubclass(tdfunc.StoreReplacedError, OSError)
         True
     """
 

@@ -1,12 +1,20 @@
-"""Module integration: parameters as TensorDicts, functional calls, ensembles, key-routed modules."""
+"""Key-routed modules: ``TensorDictModule`` / ``TensorDictSequential``.
 
-from ._functional import from_module, functional_call, stack_modules
+The module integration functions live at the top level: ``tdfunc.from_module``,
+``tdfunc.functional_call``, ``tdfunc.stack_modules`` (``tdfunc.nn.<name>`` is a deprecated
+path for them, kept for one release).
+"""
+
+from .. import _deprecate
+from . import _functional
 from ._modules import TensorDictModule, TensorDictSequential
 
-__all__ = [
-    "TensorDictModule",
-    "TensorDictSequential",
-    "from_module",
-    "functional_call",
-    "stack_modules",
-]
+__getattr__ = _deprecate.module_getattr(
+    __name__,
+    {
+        name: ((lambda name=name: getattr(_functional, name)), f"tdfunc.{name}")
+        for name in ("from_module", "functional_call", "stack_modules")
+    },
+)
+
+__all__ = ["TensorDictModule", "TensorDictSequential"]

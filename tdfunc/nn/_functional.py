@@ -68,7 +68,7 @@ def from_module(module: nn.Module, *, buffers: bool = True) -> TensorDict:
     Example:
         >>> import torch, tdfunc
         >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
-        >>> params = tdfunc.nn.from_module(net)
+        >>> params = tdfunc.from_module(net)
         >>> params["0", "weight"] is net[0].weight
         True
         >>> sorted(params.flatten_keys(".").keys()) == sorted(net.state_dict())
@@ -308,13 +308,13 @@ def functional_call(
     Example:
         >>> import torch, tdfunc
         >>> net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)).train()
-        >>> state = tdfunc.nn.from_module(net)
-        >>> y, new = tdfunc.nn.functional_call(net, state, (torch.randn(8, 3),), return_state=True)
+        >>> state = tdfunc.from_module(net)
+        >>> y, new = tdfunc.functional_call(net, state, (torch.randn(8, 3),), return_state=True)
         >>> new["1", "num_batches_tracked"].item(), state["1", "num_batches_tracked"].item()
         (1, 0)
         >>> new["0", "weight"] is state["0", "weight"]  # parameters are not copied
         True
-        >>> zero = tdfunc.nn.functional_call(net.eval(), state * 0, (torch.ones(1, 3),))
+        >>> zero = tdfunc.functional_call(net.eval(), state * 0, (torch.ones(1, 3),))
         >>> zero.abs().sum().item()
         0.0
     """
@@ -375,10 +375,10 @@ def stack_modules(modules: Sequence[nn.Module], *, buffers: bool = True) -> Tens
     Example:
         >>> import torch, tdfunc
         >>> nets = [torch.nn.Linear(3, 2) for _ in range(4)]
-        >>> params = tdfunc.nn.stack_modules(nets)
+        >>> params = tdfunc.stack_modules(nets)
         >>> params.batch_size, params["weight"].shape, params["weight"].is_leaf
         (torch.Size([4]), torch.Size([4, 2, 3]), True)
-        >>> call = lambda p, x: tdfunc.nn.functional_call(nets[0], p, (x,))
+        >>> call = lambda p, x: tdfunc.functional_call(nets[0], p, (x,))
         >>> torch.vmap(call, in_dims=(0, None))(params, torch.ones(5, 3)).shape
         torch.Size([4, 5, 2])
     """
