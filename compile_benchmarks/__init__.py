@@ -21,6 +21,8 @@ CONTENDERS: tuple[str, ...] = (
     "tensordict_tc",
     "pytree",
     "optree",
+    "torch_func",
+    "numpy",
     "floor",
     "floor_foreach",
 )

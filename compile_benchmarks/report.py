@@ -8,7 +8,12 @@ the canonical ones sort first), ``category`` and ``pass``; compiled ones add ``c
 ``graphs``, ``graph_breaks`` and ``recompiles``. Per workload and mode the report gives each
 contender's median time per call (median over passes of each pass's pytest-benchmark median)
 and the ratios of tdfunc against tensordict, the pytree dict and the flat-list floor (median
-over passes of the per-pass ratio, so contenders are only ever compared within one pass).
+over passes of the per-pass ratio, so contenders are only ever compared within one pass),
+each with its spread (min-max over passes) when there are several passes; an appendix lists
+every ratio pass by pass. Rows that cannot be trusted as they are (a compiled row slower than
+its eager row, a ratio that moves more than 30% between passes) are listed as *suspect*, each
+marked explained when ``compile_benchmarks/README.md`` names its workload in its
+"Suspect rows" section.
 
 The report holds tables and the chart only; how it is measured and why targets are missed are
 written in ``compile_benchmarks/README.md``.
@@ -37,6 +42,16 @@ HERE = Path(__file__).resolve().parent
 COMPILED_MODES = ("compiled", "reduce-overhead")
 TC_PAIRS = {"tdfunc": "tensordict", "tdfunc_tc": "tensordict_tc"}
 SUBJECTS = ("tdfunc", "tdfunc_tc")
+#: Comparators of the ratio columns after the tensordict counterpart, in display order.
+DENOMINATORS = ("pytree", "torch_func", "numpy", "floor")
+#: Categories of the end-to-end and torch.func workloads (targets against ``torch_func``).
+TRANSFORM_CATEGORIES = ("nn", "workloads")
+#: Eager container workloads held to the nested-container / integer-indexing floor target.
+FLOOR_TARGET_WORKLOADS = ("add_one_nested", "add_self_nested", "index_int")
+#: A ratio whose per-pass values differ by more than this factor minus one is suspect.
+SUSPECT_SPREAD = 0.30
+README = HERE / "README.md"
+SUSPECT_SECTION = "## Suspect rows"
 #: Categories whose eager rows are held to the "container op" targets.
 EAGER_TARGET_CATEGORIES = ("container", "tensorclass")
 MISS = "✗"
@@ -58,6 +73,18 @@ TARGETS = {
     "eager_vs_tensordict": Target(
         "eager_vs_tensordict", "eager container ops: tdfunc <= 0.7x tensordict", 0.7
     ),
+    "eager_vs_floor": Target(
+        "eager_vs_floor",
+        "eager nested-container ops and integer indexing: tdfunc <= 1.2x floor",
+        1.2,
+    ),
+    "eager_transforms": Target(
+        "eager_transforms", "eager torch.func workloads: tdfunc <= 1.05x torch_func", 1.05
+    ),
+    "compiled_workloads": Target(
+        "compiled_workloads", "compiled end-to-end workloads: tdfunc <= 1.05x torch_func", 1.05
+    ),
+    "replay": Target("replay", "replay sampling: tdfunc time <= 1.0x numpy (rows/s >= numpy)", 1.0),
     "compiled_vs_floor": Target(
         "compiled_vs_floor", "compiled per-call latency: tdfunc <= 1.15x floor", 1.15
     ),
@@ -80,6 +107,11 @@ class Entry:
     @property
     def median(self) -> float:
         return statistics.median(self.medians.values())
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """Min and max over passes of the per-pass median."""
+        return min(self.medians.values()), max(self.medians.values())
 
 
 Key = tuple[str, str, str]  # (category, workload, mode)
@@ -146,6 +178,18 @@ def ratio(group: dict[str, Entry], num: str, den: str) -> tuple[float, float, fl
     return statistics.median(rs), min(rs), max(rs)
 
 
+def pass_ratios(group: dict[str, Entry], num: str, den: str) -> list[tuple[int, float]]:
+    """``(pass, num/den)`` for every pass measured on both sides, in pass order."""
+    a, b = group.get(num), group.get(den)
+    if a is None or b is None:
+        return []
+    return [
+        (p, a.medians[p] / b.medians[p])
+        for p in sorted(a.medians)
+        if p in b.medians and b.medians[p] > 0
+    ]
+
+
 def compile_ratio(group: dict[str, Entry], num: str, den: str) -> float | None:
     """Cold-compile time ratio (same backend on both sides), or None."""
     a, b = group.get(num), group.get(den)
@@ -168,6 +212,18 @@ def fmt_time(seconds: float) -> str:
     if us >= 10:
         return f"{us:.1f}"
     return f"{us:.2f}"
+
+
+def fmt_time_spread(e: Entry) -> str:
+    """Median time with its min-max over passes (one pass: the median alone).
+
+    Example:
+        >>> fmt_time_spread(Entry(medians={0: 1e-5, 1: 2e-5, 2: 3e-5}))
+        '20.0 [10.0-30.0]'
+    """
+    lo, hi = e.spread
+    text = fmt_time(e.median)
+    return text if len(e.medians) < 2 else f"{text} [{fmt_time(lo)}-{fmt_time(hi)}]"
 
 
 def fmt_ratio(r: float | None, limit: float | None = None) -> str:
@@ -204,19 +260,28 @@ def _ratio_columns(group_names: set[str]) -> list[tuple[str, str, str]]:
     for subject in SUBJECTS:
         if subject not in group_names:
             continue
-        for den in (TC_PAIRS[subject], "pytree", "floor"):
+        for den in (TC_PAIRS[subject], *DENOMINATORS):
             if den in group_names:
                 cols.append((f"{subject}/{den}", subject, den))
     return cols
 
 
-def _limit(category: str, mode: str, den: str) -> tuple[str, float] | None:
+def _limit(category: str, mode: str, den: str, workload: str = "") -> tuple[str, float] | None:
+    if category == "replay" and den == "numpy":
+        return "replay", TARGETS["replay"].limit
+    if category in TRANSFORM_CATEGORIES and den == "torch_func":
+        key = "eager_transforms" if mode == "eager" else "compiled_workloads"
+        if mode == "eager" or category == "workloads":
+            return key, TARGETS[key].limit
+        return None
+    if mode == "eager" and den == "floor" and workload in FLOOR_TARGET_WORKLOADS:
+        return "eager_vs_floor", TARGETS["eager_vs_floor"].limit
     if mode == "eager" and category in EAGER_TARGET_CATEGORIES:
         if den in ("tensordict", "tensordict_tc"):
             return "eager_vs_tensordict", TARGETS["eager_vs_tensordict"].limit
         if den == "pytree":
             return "eager_vs_pytree", TARGETS["eager_vs_pytree"].limit
-    if mode in COMPILED_MODES and den == "floor":
+    if mode in COMPILED_MODES and den == "floor" and category not in TRANSFORM_CATEGORIES:
         return "compiled_vs_floor", TARGETS["compiled_vs_floor"].limit
     return None
 
@@ -257,15 +322,16 @@ def timing_sections(res: Results, misses: list[Miss]) -> list[str]:
             for k in keys:
                 group = res.rows[k]
                 cells = [k[1]]
-                cells += [fmt_time(group[c].median) if c in group else "" for c in names]
+                cells += [fmt_time_spread(group[c]) if c in group else "" for c in names]
                 for _label, num, den in cols:
                     r = ratio(group, num, den)
-                    lim = _limit(cat, mode, den)
+                    lim = _limit(cat, mode, den, k[1])
                     if mode != "eager" and not _compiled_with_inductor(group, num, den):
                         lim = None
-                    cells.append(
-                        fmt_ratio(None if r is None else r[0], None if lim is None else lim[1])
-                    )
+                    text = fmt_ratio(None if r is None else r[0], None if lim is None else lim[1])
+                    if r is not None and r[1] != r[2]:
+                        text += f" [{r[1]:.2f}-{r[2]:.2f}]"
+                    cells.append(text)
                     if r is not None and lim is not None and r[0] > lim[1]:
                         spread = f" (passes {r[1]:.2f} to {r[2]:.2f})" if r[1] != r[2] else ""
                         value = f"{r[0]:.2f}{spread}" + _unreachable(group, den, lim[1])
@@ -346,8 +412,8 @@ def target_summary(res: Results, misses: list[Miss]) -> list[str]:
         for subject in SUBJECTS:
             if subject not in group:
                 continue
-            for den in (TC_PAIRS[subject], "pytree", "floor"):
-                lim = _limit(cat, mode, den)
+            for den in (TC_PAIRS[subject], *DENOMINATORS):
+                lim = _limit(cat, mode, den, _w)
                 if lim is None or den not in group:
                     continue
                 if mode != "eager" and not _compiled_with_inductor(group, subject, den):
@@ -382,6 +448,137 @@ def missed_rows(misses: list[Miss]) -> list[str]:
     return [*_table(header, rows), ""]
 
 
+@dataclass
+class Suspect:
+    """One row whose numbers cannot be taken as they are."""
+
+    category: str
+    workload: str
+    mode: str
+    what: str
+    value: str
+
+
+def find_suspects(res: Results) -> list[Suspect]:
+    """Compiled (inductor) rows slower than their eager row; ratios moving > 30% over passes."""
+    out: list[Suspect] = []
+    for (cat, w, mode), group in res.rows.items():
+        if mode in COMPILED_MODES:
+            eager = res.rows.get((cat, w, "eager"), {})
+            for c in contender_order(group):
+                e, ref = group[c], eager.get(c)
+                if ref is None or e.info.get("backend") != "inductor":
+                    continue
+                if e.median > ref.median:
+                    out.append(
+                        Suspect(
+                            cat,
+                            w,
+                            mode,
+                            f"{c}: compiled slower than eager",
+                            f"{fmt_time(e.median)} µs vs {fmt_time(ref.median)} µs "
+                            f"({e.median / ref.median:.2f}x)",
+                        )
+                    )
+        for _label, num, den in _ratio_columns(set(group)):
+            rs = [r for _p, r in pass_ratios(group, num, den)]
+            if len(rs) < 2 or min(rs) <= 0:
+                continue
+            if max(rs) / min(rs) - 1 > SUSPECT_SPREAD:
+                out.append(
+                    Suspect(
+                        cat,
+                        w,
+                        mode,
+                        f"{num}/{den} moves > {SUSPECT_SPREAD:.0%} between passes",
+                        " ".join(f"{r:.2f}" for r in rs),
+                    )
+                )
+    return out
+
+
+def explained_workloads(readme: Path = README) -> set[str]:
+    """Workload names written as code (backticks) in the README's suspect-rows section."""
+    if not readme.exists():
+        return set()
+    text = readme.read_text()
+    start = text.find(SUSPECT_SECTION)
+    if start < 0:
+        return set()
+    end = text.find("\n## ", start + len(SUSPECT_SECTION))
+    section = text[start : end if end >= 0 else len(text)]
+    names: set[str] = set()
+    parts = section.split("`")
+    for i in range(1, len(parts), 2):
+        names.add(parts[i].strip())
+    return names
+
+
+def suspect_section(res: Results, readme: Path = README) -> list[str]:
+    """The suspect rows, each marked explained when the README's section names its workload."""
+    suspects = find_suspects(res)
+    out = ["## Suspect rows", ""]
+    if not suspects:
+        return [*out, "No suspect row.", ""]
+    known = explained_workloads(readme)
+    rows = [
+        [
+            s.category,
+            s.workload,
+            s.mode,
+            s.what,
+            s.value,
+            f"{MET} README" if s.workload in known else f"{MISS} not yet",
+        ]
+        for s in sorted(suspects, key=lambda s: (s.category, s.workload, s.mode, s.what))
+    ]
+    n = sum(1 for r in rows if r[-1].startswith(MISS))
+    out += [
+        f"{len(rows)} suspect rows ({n} not explained in `compile_benchmarks/README.md`, "
+        f"section *Suspect rows*).",
+        "",
+    ]
+    header = ["category", "workload", "mode", "suspect", "value", "explained"]
+    return [*out, *_table(header, rows), ""]
+
+
+def per_pass_section(res: Results) -> list[str]:
+    """Every ratio of the report, pass by pass."""
+    rows = []
+    for (cat, w, mode), group in sorted(res.rows.items()):
+        for label, num, den in _ratio_columns(set(group)):
+            rs = pass_ratios(group, num, den)
+            if rs:
+                rows.append([cat, w, mode, label, " ".join(f"{r:.2f}" for _p, r in rs)])
+    if not rows:
+        return []
+    header = ["category", "workload", "mode", "ratio", "per pass"]
+    return ["## Ratios per pass", "", *_table(header, rows), ""]
+
+
+def replay_section(res: Results) -> list[str]:
+    """Rows per second of the replay-sampling rows (``extra_info["rows"]`` per call)."""
+    keys = [k for k in res.rows if k[0] == "replay"]
+    if not keys:
+        return []
+    names = contender_order({c for k in keys for c in res.rows[k]})
+    body = []
+    for k in keys:
+        group = res.rows[k]
+        cells = [k[1]]
+        for c in names:
+            e = group.get(c)
+            n = None if e is None else e.info.get("rows")
+            cells.append("" if e is None or not n else f"{n / e.median:,.0f}")
+        body.append(cells)
+    return [
+        "### replay — rows/s",
+        "",
+        *_table(["workload", *[f"{c} rows/s" for c in names]], body),
+        "",
+    ]
+
+
 def machine_section(res: Results) -> list[str]:
     """Machine, versions and harness settings."""
     m = res.meta
@@ -399,6 +596,8 @@ def machine_section(res: Results) -> list[str]:
         ["platform", str(m.get("platform", "?"))],
         ["python", str(m.get("python", "?"))],
         *[[name, str(ver)] for name, ver in v.items()],
+        ["threads", _threads_text(m)],
+        ["clock", _clock_text(str(m.get("timer", "time.perf_counter")))],
         ["mode", "quick (smoke test: 1 round, Dynamo-only backend)" if m.get("quick") else "full"],
         ["passes", str(m.get("passes", "?"))],
         ["recompile probe batch sizes", ", ".join(map(str, m.get("probe_sizes", [])))],
@@ -408,6 +607,23 @@ def machine_section(res: Results) -> list[str]:
         ],
     ]
     return ["## Machine and versions", "", *_table(["", ""], rows), ""]
+
+
+def _threads_text(meta: dict[str, Any]) -> str:
+    t = meta.get("threads") or {}
+    if not t:
+        return f"torch {meta.get('torch_threads', '?')} (not fixed by the harness)"
+    return (
+        f"{t.get('threads')} (torch intra-op {t.get('torch_threads')}, inter-op "
+        f"{t.get('interop_threads')}, OMP_NUM_THREADS={t.get('omp_num_threads_env')}, "
+        f"inductor cpp.threads {t.get('inductor_cpp_threads')}; `--threads` to change)"
+    )
+
+
+def _clock_text(timer: str) -> str:
+    if "process_time" in timer:
+        return f"CPU time of the process (`{timer}`): waiting for a core is not counted"
+    return f"wall clock (`{timer}`)"
 
 
 def workloads_section(res: Results) -> list[str]:
@@ -440,13 +656,26 @@ def render(res: Results, chart: str | None = None, title: str = "tdfunc benchmar
     lines += ["## Targets", "", *target_summary(res, misses)]
     if chart:
         lines += [f"![tdfunc ratios]({chart})", ""]
-    lines += ["## Per-call times and ratios", "", *timing, *comp]
+    lines += [
+        "## Per-call times and ratios",
+        "",
+        "Cells: median over passes `[min-max over passes]`; ratios: median of the per-pass "
+        "ratios `[min-max]`.",
+        "",
+        *timing,
+        *replay_section(res),
+        *comp,
+    ]
+    lines += [*suspect_section(res)]
     lines += ["## Missed targets", "", *missed_rows(misses)]
-    lines += [*machine_section(res), *workloads_section(res)]
+    lines += [*machine_section(res), *workloads_section(res), *per_pass_section(res)]
     return "\n".join(lines).rstrip() + "\n"
 
 
 # ----------------------------------------------------------------------------- chart
+CHART_SERIES = ("tensordict", "pytree", "torch_func", "floor")
+
+
 def chart(res: Results, path: Path) -> bool:
     """A PNG of tdfunc's ratios (vs tensordict, pytree, floor) per workload, eager and compiled."""
     import matplotlib
@@ -457,7 +686,7 @@ def chart(res: Results, path: Path) -> bool:
     panels = []
     for mode, limits in (
         ("eager", {"tensordict": 0.7, "pytree": 1.0}),
-        ("compiled", {"floor": 1.15}),
+        ("compiled", {"floor": 1.15, "torch_func": 1.05}),
     ):
         labels, series = [], defaultdict(list)
         for (cat, w, md), group in sorted(
@@ -471,7 +700,7 @@ def chart(res: Results, path: Path) -> bool:
             if subject is None:
                 continue
             vals = {}
-            for den in (TC_PAIRS[subject], "pytree", "floor"):
+            for den in (TC_PAIRS[subject], "pytree", "torch_func", "floor"):
                 r = ratio(group, subject, den)
                 vals["tensordict" if den.startswith("tensordict") else den] = (
                     None if r is None else r[0]
@@ -481,7 +710,7 @@ def chart(res: Results, path: Path) -> bool:
             labels.append(
                 w if cat == "container" else f"{cat}/{w}" + ("" if subject == "tdfunc" else " (tc)")
             )
-            for den in ("tensordict", "pytree", "floor"):
+            for den in CHART_SERIES:
                 series[den].append(vals.get(den))
         if labels:
             panels.append((mode, labels, series, limits))
@@ -489,14 +718,19 @@ def chart(res: Results, path: Path) -> bool:
         return False
     height = max(4.0, 0.22 * max(len(p[1]) for p in panels) + 1.5)
     fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), height), squeeze=False)
-    colors = {"tensordict": "tab:orange", "pytree": "tab:blue", "floor": "tab:gray"}
+    colors = {
+        "tensordict": "tab:orange",
+        "pytree": "tab:blue",
+        "torch_func": "tab:green",
+        "floor": "tab:gray",
+    }
     for ax, (mode, labels, series, limits) in zip(axes[0], panels):
         ys = range(len(labels))
-        h = 0.26
-        for i, den in enumerate(("tensordict", "pytree", "floor")):
+        h = 0.2
+        for i, den in enumerate(CHART_SERIES):
             vals = [v if v is not None else float("nan") for v in series[den]]
             ax.barh(
-                [y + (i - 1) * h for y in ys],
+                [y + (i - 1.5) * h for y in ys],
                 vals,
                 height=h,
                 color=colors[den],

@@ -124,7 +124,7 @@ def batch_src(
 ) -> dict[str, Any]:
     """``leaves`` random leaves of shape ``lead + (n, feat)`` (seeded)."""
     g = torch.Generator().manual_seed(n * 1000 + leaves)
-    return {f"k{i}": torch.randn(lead + (n, feat), generator=g) for i in range(leaves)}
+    return {f"k{i}": torch.randn((*lead, n, feat), generator=g) for i in range(leaves)}
 
 
 def names(n: int) -> tuple[str, ...]:
@@ -316,7 +316,7 @@ for _n in (20, 40, 80):
     _make_clone_shallow(_n)
 
 
-@workload(TD_LIKE + ("pytree", "floor", "floor_foreach"))
+@workload((*TD_LIKE, "pytree", "floor", "floor_foreach"))
 def build_build_add(contender: str, n: int | None) -> Built:
     """Build a 100-key container from empty, one key at a time, then ``+ 1``.
 
@@ -424,7 +424,7 @@ def _new_values(n: int | None, count: int) -> list[torch.Tensor]:
     return [torch.full((b, FIELD_FEAT), 100.0 + i) for i in range(count)]
 
 
-@workload(TD_LIKE + ("pytree", "floor"), tc=True)
+@workload((*TD_LIKE, "pytree", "floor"), tc=True)
 def build_replace_one(contender: str, n: int | None) -> Built:
     """Replace one field of a 5-field container (leaves [16, 4]) with a new tensor.
 
@@ -435,7 +435,7 @@ def build_replace_one(contender: str, n: int | None) -> Built:
     return (lambda c, v: rep(c, v)), (_fields(contender, 5, n), _new_values(n, 1)[0])
 
 
-@workload(TD_LIKE + ("pytree", "floor"), tc=True)
+@workload((*TD_LIKE, "pytree", "floor"), tc=True)
 def build_replace_chain10(contender: str, n: int | None) -> Built:
     """A chain of 10 single-field replaces on a 5-field container (fields f0..f4 in turn)."""
     reps = [_replace(contender, i % 5) for i in range(10)]
@@ -451,7 +451,7 @@ def build_replace_chain10(contender: str, n: int | None) -> Built:
 READ_NAMES = names(20)
 
 
-@workload(TD_LIKE + ("pytree", "floor"), tc=True)
+@workload((*TD_LIKE, "pytree", "floor"), tc=True)
 def build_tc_read_20(contender: str, n: int | None) -> Built:
     """Read the 20 fields of a 20-field container and sum them (leaves [16, 4]).
 
@@ -474,7 +474,7 @@ def build_tc_read_20(contender: str, n: int | None) -> Built:
     return read, (_fields(contender, 20, n),)
 
 
-@workload(TD_LIKE + ("pytree", "floor"))
+@workload((*TD_LIKE, "pytree", "floor"))
 def build_update_20(contender: str, n: int | None) -> Built:
     """Update 20 keys of a 20-key container with the 20 values of another (leaves [16, 4]).
 
@@ -530,14 +530,14 @@ def _make_create(n_keys: int) -> None:
         f"Create a container from {n_keys} tensors [16, 4] with batch size [16] (tdfunc and "
         f"tensordict check every leaf against it; a dict or list does not)."
     )
-    workload(TD_LIKE + ("pytree", "floor"), name=f"create_{n_keys}", tc=True)(build)
+    workload((*TD_LIKE, "pytree", "floor"), name=f"create_{n_keys}", tc=True)(build)
 
 
 for _n in (10, 50, 100):
     _make_create(_n)
 
 
-@workload(TD_LIKE + ("pytree", "floor"), compiled=False, probe=False)
+@workload((*TD_LIKE, "pytree", "floor"), compiled=False, probe=False)
 def build_create_empty(contender: str, n: int | None) -> Built:
     """Create an empty container (``TensorDict()``, ``{}``, ``[]``)."""
     if contender == "tdfunc":
@@ -545,10 +545,10 @@ def build_create_empty(contender: str, n: int | None) -> Built:
     if contender == "tensordict":
         TensorDict = _tensordict().TensorDict
         return (lambda: TensorDict()), ()
-    return ((lambda: {}) if contender == "pytree" else (lambda: [])), ()
+    return ((dict) if contender == "pytree" else (list)), ()
 
 
-@workload(TD_LIKE + ("pytree", "floor"))
+@workload((*TD_LIKE, "pytree", "floor"))
 def build_create_nested(contender: str, n: int | None) -> Built:
     """Create a 3-level nested container ``{"a", "b": {"c", "d": {"e"}}}`` from 3 tensors [16, 4]."""
     b = FIELD_BATCH if n is None else n
@@ -575,7 +575,7 @@ def _walk(d: Any, path: tuple[str, ...]) -> Any:
     return d
 
 
-@workload(TD_LIKE + ("pytree",), compiled=False, probe=False)
+@workload((*TD_LIKE, "pytree"), compiled=False, probe=False)
 def build_get_nested(contender: str, n: int | None) -> Built:
     """Get the deepest leaf of the 10-deep chain by its 11-key path (``td[path]``, dict walk)."""
     c = container(contender, chain_src(n), _batch(n))
@@ -648,7 +648,7 @@ def _dict_contains(d: Any, path: tuple[str, ...]) -> bool:
     return True
 
 
-@workload(TD_LIKE + ("pytree",), compiled=False, probe=False)
+@workload((*TD_LIKE, "pytree"), compiled=False, probe=False)
 def build_membership(contender: str, n: int | None) -> Built:
     """Three membership tests on the nested chain: ``"x"``, ``("n", "n", "x")`` (hits) and
     ``("n", "q")`` (a miss)."""
