@@ -47,16 +47,17 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_tensor
 
 from .._keys import fmt_key, walk
-from .._tree import KeyPath, leaves_with_paths, map_leaves
+from .._tree import KeyPath, Node, leaves_with_paths, map_leaves
 from . import _errors as E
 from . import _placements as codec
 from . import _plan as plan_mod
 from . import _transfer as wire
-from ._agree import agree, check, placements_of, reject
+from ._agree import agreed_plan, check, placements_of, reject
 from ._mesh import check_node, common_mesh, describe_mesh, rebatch
 from ._placements import PlacementSpec, normalize, resolve
 
-T = TypeVar("T")
+#: a container type (TensorDict or a tensorclass): functions return the type they are given
+T = TypeVar("T", bound=Node)
 
 #: torch.compile backend of the redistribution graphs unless ``backend=`` says otherwise.
 DEFAULT_BACKEND = "aot_eager"
@@ -83,7 +84,7 @@ def _targets(
     pairs: Sequence[tuple[KeyPath, Tensor]],
     spec: Any,
     mesh: DeviceMesh,
-    default: Callable[[Tensor], Sequence[Placement]],
+    default: Callable[[Any], Sequence[Placement]],
 ) -> list[tuple[Placement, ...]]:
     if isinstance(spec, Sequence) and not isinstance(spec, str):
         # one spec for every leaf: its validity depends only on the leaf's ndim
@@ -306,7 +307,7 @@ def to_local(td: T) -> T:
 # --------------------------------------------------------------------------------------
 def _run(
     op: str,
-    pairs: Sequence[tuple[KeyPath, Tensor]],
+    pairs: Sequence[tuple[KeyPath, DTensor]],
     mesh: DeviceMesh,
     targets: Sequence[tuple[Placement, ...]],
     compile: bool,
@@ -320,18 +321,14 @@ def _run(
     transition (once per cached transition); without it this code may be traced into the
     caller's graph, where no eager communication can run, so the caller's ranks must agree.
     """
-    sigs = tuple(plan_mod.signature(x, t) for (_, x), t in zip(pairs, targets))  # type: ignore[arg-type]
+    sigs = tuple(plan_mod.signature(x, t) for (_, x), t in zip(pairs, targets))
     if compile:
-        plan, order, bad, specs = plan_mod.cached_plan(mesh, sigs)
-        if bad is not None:
-            reject(op, mesh)
-            raise _bad_leaf(pairs, sigs, bad, mesh)
-        agree(op, mesh, tuple(p for p, _ in pairs), sigs)
+        plan, order, specs = agreed_plan(op, mesh, tuple(p for p, _ in pairs), sigs)
     else:
         plan, order, bad = plan_mod.build_plan(mesh, sigs)
         if bad is not None:
             raise _bad_leaf(pairs, sigs, bad, mesh)
-    new = [x for _, x in pairs]
+    new: list[Any] = [x for _, x in pairs]  # DTensors, replaced by the moved leaves
     if not order:
         return [x.to_local() for x in new] if unwrap else new
     if not compile:
@@ -366,16 +363,16 @@ def _run(
 
 
 def _bad_leaf(
-    pairs: Sequence[tuple[KeyPath, Tensor]],
+    pairs: Sequence[tuple[KeyPath, DTensor]],
     sigs: Sequence[plan_mod.LeafSig],
     bad: plan_mod.BadLeaf,
     mesh: DeviceMesh,
 ) -> ValueError:
     """The error for a leaf whose local shard does not fit its global shape."""
-    sig = sigs[bad.index]
+    sig = sigs[bad.position]
     return ValueError(
         E.LOCAL_SHAPE.format(
-            key=fmt_key(pairs[bad.index][0]),
+            key=fmt_key(pairs[bad.position][0]),
             local=sig.local,
             shape=sig.shape,
             placements=list(sig.src),
@@ -386,7 +383,7 @@ def _bad_leaf(
 
 
 def _merge(
-    old: list[Tensor], order: Sequence[int], outs: Sequence[Tensor], moved: set[int]
+    old: list[DTensor], order: Sequence[int], outs: Sequence[Tensor], moved: set[int]
 ) -> list[Tensor]:
     """Local shards: the graph's results where leaves moved, ``to_local`` elsewhere."""
     new = [x if i in moved else x.to_local() for i, x in enumerate(old)]
@@ -454,7 +451,7 @@ def redistribute(
     pairs, idx, mesh = _dtensor_pairs(td, "redistribute")
     if mesh is None:
         return td
-    dpairs = [pairs[i] for i in idx]
+    dpairs: list[tuple[KeyPath, DTensor]] = [pairs[i] for i in idx]  # type: ignore[misc]
     if compile:
         try:
             targets = _targets(td, dpairs, placements, mesh, lambda x: x.placements)
@@ -491,7 +488,7 @@ def full_tensor(td: T, *, compile: bool = True, backend: Any = DEFAULT_BACKEND) 
     pairs, idx, mesh = _dtensor_pairs(td, "full_tensor")
     if mesh is None:
         return td
-    dpairs = [pairs[i] for i in idx]
+    dpairs: list[tuple[KeyPath, DTensor]] = [pairs[i] for i in idx]  # type: ignore[misc]
     targets = [(Replicate(),) * mesh.ndim] * len(dpairs)
     moved = _run("full_tensor", dpairs, mesh, targets, compile, backend, unwrap=True)
     new = [x for _, x in pairs]
@@ -684,7 +681,7 @@ def cache_clear() -> None:
     """
     plan_mod.compiled.cache_clear()
     plan_mod.cached_plan.cache_clear()
-    agree.cache_clear()
+    agreed_plan.cache_clear()
 
 
 #: names that moved out of the public API: where they live now, and what to use instead

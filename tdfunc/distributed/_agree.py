@@ -11,8 +11,8 @@ The digest is a few 64-bit hashes (operation, mesh, key paths, global shapes, dt
 and target placements; never the local shapes, which differ by rank). The mesh's first rank
 collects them point to point (a tag of its own, so nothing else can match these messages)
 and sends every rank the verdict: ``2 (n - 1)`` small messages for a mesh of ``n`` ranks.
-:func:`agree` (used by ``redistribute`` and ``full_tensor``) remembers the transitions the mesh
-agreed on, so the check costs nothing on the next calls: it runs once per cached transition.
+:func:`agreed_plan` (used by ``redistribute`` and ``full_tensor``) remembers the transitions the
+mesh agreed on, so the check costs nothing on the next calls: it runs once per cached transition.
 The price: a rank that repeats an agreed transition does not check again, so if another rank
 asks for something new at that moment, the two wait for each other until the process group's
 timeout (both then raise, the checking rank with a message that says so; data never mixes).
@@ -34,8 +34,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .._keys import KeyPath, fmt_key
 from . import _errors as E
+from . import _plan as plan_mod
 from . import _transfer as wire
 from ._mesh import describe_mesh
+from ._plan import LeafSig, Plan
 
 AGREE_TAG = wire.TAG_BASE + 0x1001
 VERDICT_TAG = wire.TAG_BASE + 0x1002
@@ -178,10 +180,31 @@ def check(
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
-def agree(op: str, mesh: DeviceMesh, paths: tuple[KeyPath, ...], sigs: tuple[Any, ...]) -> None:
-    """:func:`check` for a redistribution, once per transition: memoized by the plan's own
-    leaf signatures (``LeafSig``: global shape, dtype, placements), so a cache hit costs a
-    lookup and the comparable text is only built on a miss."""
+def agreed_plan(
+    op: str, mesh: DeviceMesh, paths: tuple[KeyPath, ...], sigs: tuple[LeafSig, ...]
+) -> tuple[Plan, tuple[int, ...], tuple[Any, ...]]:
+    """The plan of a redistribution, checked across the ranks: once per transition.
+
+    Memoized by ``(op, mesh, key paths, leaf signatures)``: a cache hit costs one lookup (the
+    same hashing the plan cache needs anyway), and the comparable text is only built on a
+    miss. Returns ``(plan, order, specs)`` as :func:`~._plan.cached_plan`; ``ValueError`` for
+    a leaf whose local shard does not fit (after telling the other ranks) or ranks that
+    disagree.
+    """
+    plan, order, bad, specs = plan_mod.cached_plan(mesh, sigs)
+    if bad is not None:
+        reject(op, mesh)
+        sig = sigs[bad.position]
+        raise ValueError(
+            E.LOCAL_SHAPE.format(
+                key=fmt_key(paths[bad.position]),
+                local=sig.local,
+                shape=sig.shape,
+                placements=list(sig.src),
+                mesh_shape=tuple(mesh.shape),
+                expected=bad.expected,
+            )
+        )
     check(
         op,
         "redistribute",
@@ -192,6 +215,7 @@ def agree(op: str, mesh: DeviceMesh, paths: tuple[KeyPath, ...], sigs: tuple[Any
         placements_of([s.src for s in sigs]),
         placements_of([s.dst for s in sigs]),
     )
+    return plan, order, specs
 
 
 def _fields(

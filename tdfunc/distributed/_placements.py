@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
@@ -35,15 +35,16 @@ def encode_placement(p: Placement, key: KeyPath = ()) -> dict[str, Any]:
         >>> encode_placement(Shard(1)), encode_placement(Partial("max"))
         ({'type': 'shard', 'dim': 1}, {'type': 'partial', 'reduce_op': 'max'})
     """
-    typ = type(p)
+    typ = type(p)  # exact types: a subclass may carry state the encoding would drop
     if typ is Shard:
-        return {"type": "shard", "dim": int(p.dim)}
+        return {"type": "shard", "dim": int(cast(Shard, p).dim)}
     if typ is Replicate:
         return {"type": "replicate"}
     if typ is Partial:
-        return {"type": "partial", "reduce_op": str(p.reduce_op)}
+        return {"type": "partial", "reduce_op": str(cast(Partial, p).reduce_op)}
     if typ is _StridedShard:
-        return {"type": "strided_shard", "dim": int(p.dim), "split_factor": int(p.split_factor)}
+        ss = cast(_StridedShard, p)
+        return {"type": "strided_shard", "dim": int(ss.dim), "split_factor": int(ss.split_factor)}
     raise TypeError(
         E.UNENCODABLE_PLACEMENT.format(
             key=fmt_key(key) if key else "?", placement=p, typ=typ.__name__
@@ -124,7 +125,11 @@ def normalize(key: KeyPath, placements: Any, shape: Sequence[int], mesh: DeviceM
                 )
             if p.dim < 0:
                 d = p.dim + ndim
-                p = Shard(d) if type(p) is Shard else _StridedShard(d, split_factor=p.split_factor)
+                p = (
+                    _StridedShard(d, split_factor=p.split_factor)
+                    if isinstance(p, _StridedShard)
+                    else Shard(d)
+                )
         out.append(p)
     return tuple(out)
 

@@ -177,7 +177,7 @@ def signature(x: DTensor, dst: Placements) -> LeafSig:
 class BadLeaf(NamedTuple):
     """A leaf whose local shard does not match its global shape and placements."""
 
-    index: int
+    position: int  # in the leaf signatures
     expected: tuple[int, ...]
 
 
@@ -191,7 +191,7 @@ def build_plan(
     Pure Python on static metadata: Dynamo traces it when a caller compiles around it.
     """
     mesh_shape = tuple(mesh.shape)
-    coord = tuple(mesh.get_coordinate())
+    coord = tuple(mesh.get_coordinate() or ())  # callers check that this rank is in the mesh
     buckets: dict[tuple[Any, ...], list[tuple[int, Item]]] = {}
     meta: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     for pos, sig in enumerate(sigs):
@@ -399,7 +399,7 @@ def _buffer_placements(ps: Placements, dims: tuple[int, ...]) -> Placements:
     return tuple(Shard(dims.index(p.dim)) if isinstance(p, Shard) else p for p in ps)
 
 
-def _coalesced(mesh: DeviceMesh, g: Group, xs: Sequence[Tensor], local: bool) -> list[Tensor]:
+def _coalesced(mesh: DeviceMesh, g: Group, xs: Sequence[Any], local: bool) -> list[Tensor]:
     """One group through one buffer. ``local``: ``xs`` and the results are local shards."""
     rows = [to_rows(x if local else x.to_local(), g, it) for x, it in zip(xs, g.items)]
     buf = torch.cat(rows, dim=-1)
@@ -431,7 +431,7 @@ def _coalesced(mesh: DeviceMesh, g: Group, xs: Sequence[Tensor], local: bool) ->
     ]
 
 
-def _one(mesh: DeviceMesh, g: Group, x: Tensor, it: Item, local: bool) -> Tensor:
+def _one(mesh: DeviceMesh, g: Group, x: Any, it: Item, local: bool) -> Tensor:
     """A leaf that cannot join a buffer: DTensor's own redistribution."""
     if not local:
         return x.redistribute(mesh, g.dst)
