@@ -101,7 +101,8 @@ def from_tensordict(obj: Any, cls: type | None = None) -> Any:
             or a non-tensor value has no static field to go to.
 
     Example:
-        >>> import torch, tensordict, tdfunc
+        >>> import pytest, torch, tdfunc
+        >>> tensordict = pytest.importorskip("tensordict")  # the optional extra
         >>> src = tensordict.TensorDict(a=torch.zeros(4, 2), n={"b": torch.ones(4)}, batch_size=[4])
         >>> td = tdfunc.from_tensordict(src)
         >>> td["n", "b"] is src["n", "b"], td.batch_size
@@ -180,7 +181,8 @@ def to_tensordict(x: Any, cls: type | None = None) -> Any:
         TypeError: ``x`` is not a tdfunc container or ``cls`` not a tensordict tensorclass.
 
     Example:
-        >>> import torch, tdfunc
+        >>> import pytest, torch, tdfunc
+        >>> _ = pytest.importorskip("tensordict")  # the optional extra
         >>> td = tdfunc.TensorDict(a=torch.zeros(3, 2), batch_size=[3])
         >>> out = tdfunc.to_tensordict(td)
         >>> type(out).__module__.split(".")[0], out["a"] is td["a"], tuple(out.batch_size)
