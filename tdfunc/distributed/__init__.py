@@ -37,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -46,6 +47,7 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_tensor
 
+from .. import _deprecate
 from .._keys import fmt_key, walk
 from .._tree import KeyPath, Node, leaves_with_paths, map_leaves
 from . import _errors as E
@@ -58,6 +60,9 @@ from ._placements import PlacementSpec, normalize, resolve
 
 #: a container type (TensorDict or a tensorclass): functions return the type they are given
 T = TypeVar("T", bound=Node)
+
+_LAUNCH = ("launch", "free_port", "RankError")
+_CODECS = ("encode_placement", "encode_placements", "decode_placement", "decode_placements")
 
 #: torch.compile backend of the redistribution graphs unless ``backend=`` says otherwise.
 DEFAULT_BACKEND = "aot_eager"
@@ -684,30 +689,22 @@ def cache_clear() -> None:
     agreed_plan.cache_clear()
 
 
-#: names that moved out of the public API: where they live now, and what to use instead
-_MOVED = {
-    "launch": ("._launch", "a test helper, not part of the API; use torchrun or your launcher"),
-    "free_port": ("._launch", "a test helper, not part of the API"),
-    "RankError": ("._launch", "a test helper, not part of the API"),
-    "encode_placement": ("._placements", "send/recv encode placements themselves"),
-    "encode_placements": ("._placements", "send/recv encode placements themselves"),
-    "decode_placement": ("._placements", "send/recv decode placements themselves"),
-    "decode_placements": ("._placements", "send/recv decode placements themselves"),
-}
+def _late(module: str, name: str) -> Callable[[], Any]:
+    """Read ``name`` from a private module of this package when called."""
+    return lambda: getattr(importlib.import_module(module, __name__), name)
 
 
-def __getattr__(name: str) -> Any:
-    """Deprecated aliases (for one release) of the names listed in ``_MOVED``."""
-    moved = _MOVED.get(name)
-    if moved is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    import warnings
+_TEST_HELPER = "tdfunc.distributed._launch.{} (a test helper, not part of the API)"
+_CODEC = "send / recv, which encode placements themselves (tdfunc.distributed._placements.{})"
 
-    module, instead = moved
-    warnings.warn(E.DEPRECATED.format(name=name, instead=instead), DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(module, __name__), name)
-
+#: names that left the public API: deprecated aliases for one release
+__getattr__ = _deprecate.module_getattr(
+    __name__,
+    {
+        **{n: (_late("._launch", n), _TEST_HELPER.format(n)) for n in _LAUNCH},
+        **{n: (_late("._placements", n), _CODEC.format(n)) for n in _CODECS},
+    },
+)
 
 __all__ = [
     "DEFAULT_BACKEND",

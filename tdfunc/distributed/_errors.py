@@ -119,6 +119,3 @@ RANK_TIMEOUT = (
 )
 RANK_OTHERS = "failed after it: {ranks}"
 RANK_KILLED = "still running, killed: ranks {ranks}"
-DEPRECATED = (
-    "tdfunc.distributed.{name} is deprecated and will be removed in the next release; {instead}"
-)
