@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import _collate, _deprecate, nn, testing
+from . import _collate, _control, _deprecate, nn, testing
 from ._base import Container
 from ._control import cond, scan, while_loop
 from ._errors import KeysDifferError, NodeTypesDifferError, StructureError
@@ -28,6 +28,13 @@ from ._tensorclass import is_tensorclass, tensorclass
 from ._tree import OPTREE_NAMESPACE
 from ._tree import is_node as is_container
 from ._version import __version__
+from .interop import (
+    SafetensorsFormatError,
+    from_tensordict,
+    load_safetensors,
+    save_safetensors,
+    to_tensordict,
+)
 from .memmap._errors import MemmapFormatError, StoreCleanupWarning, StoreReplacedError
 from .memmap._store import load, memmap_like, save
 from .memmap._tensor import MemoryMappedTensor
@@ -53,7 +60,7 @@ _deprecate.module_path(
 )
 _deprecate.module_path(
     f"{__name__}.control",
-    {n: ((lambda n=n: globals()[n]), f"tdfunc.{n}") for n in ("cond", "while_loop", "scan")},
+    {n: (_deprecate.attribute(_control, n), f"tdfunc.{n}") for n in ("cond", "while_loop", "scan")},
 )
 
 
@@ -75,6 +82,7 @@ __all__ = [
     "MemmapFormatError",
     "MemoryMappedTensor",
     "NodeTypesDifferError",
+    "SafetensorsFormatError",
     "StoreCleanupWarning",
     "StoreReplacedError",
     "StructureError",
@@ -85,20 +93,24 @@ __all__ = [
     "dynamic_batch_shapes",
     "empty_like",
     "from_module",
+    "from_tensordict",
     "full_like",
     "functional_call",
     "is_container",
     "is_tensorclass",
     "load",
+    "load_safetensors",
     "memmap_like",
     "nn",
     "ones_like",
     "save",
+    "save_safetensors",
     "scan",
     "stack",
     "stack_modules",
     "tensorclass",
     "testing",
+    "to_tensordict",
     "while_loop",
     "zeros_like",
 ]

@@ -103,10 +103,7 @@ class Container(Node):
         )
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if is_key(key):
-            hint = f"td = td.set({key!r}, value)"
-        else:
-            hint = "td = td.at[index].set(value)"
+        hint = f"td = td.set({key!r}, value)" if is_key(key) else "td = td.at[index].set(value)"
         raise TypeError(
             E.MUTATION.format(cls=type(self).__name__, what="item assignment", hint=hint)
         )
@@ -538,5 +535,5 @@ _ELEMENTWISE = frozenset(
     __rdiv__ __div__ __invert__
     __add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__
     __rfloordiv__ __mod__ __rmod__ __pow__ __rpow__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__
-    __and__ __rand__ __or__ __ror__ __xor__ __rxor__ __neg__ __abs__""".split()
+    __and__ __rand__ __or__ __ror__ __xor__ __rxor__ __neg__ __abs__""".split()  # noqa: SIM905 - a word list reads better than 80 quoted names
 )

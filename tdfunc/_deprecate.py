@@ -26,6 +26,17 @@ Moved = Mapping[str, tuple[Callable[[], Any], str]]
 MESSAGE = "{old} is deprecated and will be removed in the next release; use {new}"
 
 
+def attribute(obj: object, name: str) -> Callable[[], Any]:
+    """A function that reads ``obj.<name>`` when called: the late lookup of a moved name.
+
+    Example:
+        >>> import math
+        >>> attribute(math, "pi")()
+        3.141592653589793
+    """
+    return lambda: getattr(obj, name)
+
+
 def module_getattr(module: str, moved: Moved) -> Callable[[str], Any]:
     """A module ``__getattr__`` serving the deprecated names of ``module`` (PEP 562)."""
 

@@ -222,6 +222,7 @@ def index(node: Any, idx: Any) -> Any:
         >>> td[1:3, 0].batch_size
         torch.Size([2])
     """
+    key: Any
     if isinstance(idx, (int, slice)) and not isinstance(idx, bool) and node._batch_size:
         key = idx  # fast path: one int or slice on the first batch dim
     else:
@@ -291,7 +292,7 @@ class AtIndexer:
 
 
 class _AtRef:
-    __slots__ = ("_node", "_idx")
+    __slots__ = ("_idx", "_node")
 
     def __init__(self, node: Any, idx: Any) -> None:
         self._node = node
@@ -535,7 +536,7 @@ def cat(nodes: Sequence[Any], dim: int = 0) -> Any:
 
 
 def _split_results(
-    node: Any, pieces_per_leaf: list[Sequence[Tensor]], shapes: list[torch.Size]
+    node: Any, pieces_per_leaf: Sequence[Sequence[Tensor]], shapes: Sequence[torch.Size]
 ) -> tuple[Any, ...]:
     out = []
     n_pieces = len(shapes)
@@ -573,7 +574,8 @@ def split(node: Any, split_size: int | Sequence[int], dim: int = 0) -> tuple[Any
     bs = node._batch_size
     d = norm_dim(dim, len(bs), bs)
     probe, _ = _probe(node)
-    sizes = [p.shape[d] for p in torch.split(probe, split_size, d)]
+    # torch.split's annotation says list[int]; it takes any sequence of ints
+    sizes = [p.shape[d] for p in torch.split(probe, split_size, d)]  # type: ignore[arg-type]
     # the probe validated split_size; split_with_sizes skips re-deriving the sizes per leaf
     pieces = [x.split_with_sizes(sizes, d) for x in leaves(node)]
     shapes = [bs[:d] + torch.Size([s]) + bs[d + 1 :] for s in sizes]

@@ -20,6 +20,7 @@ transform (``torch.vmap``) added or removed, so vmap works with no patching of t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from types import EllipsisType
 from typing import Any
 
 import optree
@@ -218,7 +219,7 @@ def map_leaves(
     node: Node,
     new_leaves: Sequence[Any],
     batch_size: torch.Size | None = None,
-    device: torch.device | None = ...,  # type: ignore[assignment]
+    device: torch.device | EllipsisType | None = ...,
     keep_extra: bool = True,
 ) -> Any:
     """Same structure as ``node`` with ``new_leaves`` in place of its leaves (trusted)."""
@@ -445,13 +446,14 @@ def register(
         from_dumpable_context=_from_dumpable,
     )
 
-    def _optree_flatten(node: Node) -> tuple[list[Any], tuple, tuple[str, ...]]:
+    # optree's stubs declare node types as Collections; a Node is not one, hence ``Any``.
+    def _optree_flatten(node: Any) -> tuple[list[Any], tuple, tuple[str, ...]]:
         ks = node._tdf_keys()
         ch = node._tdf_children()
         kept = [k for k, v in zip(ks, ch) if v is not None]
         return [v for v in ch if v is not None], _context(node, ch), tuple(kept)
 
-    def _optree_unflatten(ctx: tuple, children: Any) -> Any:
+    def _optree_unflatten(ctx: Any, children: Any) -> Any:
         return unflatten_with(rebuild_from_context, children, ctx)
 
     optree.register_pytree_node(

@@ -85,6 +85,7 @@ class TensorDict(Container):
     """
 
     __slots__ = ("_data",)
+    _data: dict[str, Any]
 
     def __init__(
         self,
@@ -137,7 +138,7 @@ class TensorDict(Container):
         for k, v in mapping.items():
             if not isinstance(k, str):
                 raise TypeError(E.BAD_KEY.format(key=k, typ=type(k).__name__))
-            data[k] = convert_value(prefix + (k,), v, batch_size, device)
+            data[k] = convert_value((*prefix, k), v, batch_size, device)
         return cls._new(data, batch_size, device)
 
     @classmethod

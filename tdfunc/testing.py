@@ -70,7 +70,7 @@ def assert_close(
     if sa != sb:
         raise AssertionError(f"at {where}: static fields differ: {sa} != {sb}")
     for k, x, y in zip(ka, actual._tdf_children(), expected._tdf_children()):
-        assert_close(x, y, rtol=rtol, atol=atol, check_dtype=check_dtype, _path=_path + (k,))
+        assert_close(x, y, rtol=rtol, atol=atol, check_dtype=check_dtype, _path=(*_path, k))
 
 
 __all__ = ["assert_close"]

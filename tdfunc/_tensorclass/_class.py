@@ -14,7 +14,7 @@ import inspect
 import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
 import optree
 import torch
@@ -53,10 +53,7 @@ class _InitOnly:
     device: dataclasses.InitVar[Any] = dataclasses.field(default=None, kw_only=True)
 
 
-_PSEUDO_FIELDS: dict[str, dataclasses.Field] = {
-    k: v
-    for k, v in _InitOnly.__dataclass_fields__.items()  # type: ignore[attr-defined]
-}
+_PSEUDO_FIELDS: dict[str, dataclasses.Field] = dict(_InitOnly.__dataclass_fields__)
 
 
 class _TensorClass(Container):
@@ -69,6 +66,12 @@ class _TensorClass(Container):
     _tdf_child_names: tuple[str, ...] = ()
     _tdf_static_names: tuple[str, ...] = ()
     _tdf_specs: Mapping[str, F.ChildSpec | None] = types.MappingProxyType({})
+    # set on every tensorclass by dataclasses.dataclass (typing only: no value here)
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+    if TYPE_CHECKING:
+        # every tensorclass gets a generated ``__init__`` taking its fields, batch_size, device
+        def __init__(self, *args: Any, **kwargs: Any) -> None: ...
 
     def _tdf_keys(self) -> tuple[str, ...]:
         return self._tdf_child_names
@@ -239,7 +242,7 @@ class _TensorClass(Container):
 _C = TypeVar("_C", bound=_TensorClass)
 
 
-def _single_tensorclass(spec: F.ChildSpec | None) -> type | None:
+def _single_tensorclass(spec: F.ChildSpec | None) -> type[_TensorClass] | None:
     if spec is None or spec.tensor or spec.mapping or len(spec.nodes) != 1:
         return None
     t = spec.nodes[0]
@@ -271,11 +274,11 @@ _RESERVED = frozenset(n for n in dir(_TensorClass) if not n.startswith("__")) | 
 
 
 def _check_names(cls: type) -> None:
-    for name in cls.__dict__.get("__annotations__", {}):
+    for name in inspect.get_annotations(cls):
         if name in _RESERVED:
             owner = next(c for c in _TensorClass.__mro__ if name in c.__dict__)
             what = f"the tensorclass attribute {owner.__name__}.{name}"
-        elif name.startswith("__") or name.startswith("_tdf"):
+        elif name.startswith(("__", "_tdf")):
             what = "a name reserved for the implementation (leading '__' or '_tdf')"
         else:
             continue
@@ -333,7 +336,7 @@ def _classify(
 
     Inherited fields keep their parent's kind unless the class annotates them again.
     """
-    own = set(cls.__dict__.get("__annotations__", {}))
+    own = set(inspect.get_annotations(cls))
     inherited: dict[str, Any] = {}
     inherited_anns: dict[str, str] = {}
     for base in reversed(cls.__mro__[1:]):
@@ -380,9 +383,9 @@ def _build(cls: type, serialized_type_name: str | None, localns: Mapping[str, An
         raise TypeError(f"@tensorclass {cls.__name__}: cannot inherit from TensorDict")
     _check_names(cls)
     # a real frozen dataclass: fields, defaults, default_factory, kw_only, InitVar, ClassVar
-    dc = dataclasses.dataclass(cls, init=False, repr=False, eq=False, frozen=True)
+    dc: type[Any] = dataclasses.dataclass(cls, init=False, repr=False, eq=False, frozen=True)
     fields = dataclasses.fields(dc)
-    all_fields = dc.__dataclass_fields__  # type: ignore[attr-defined]
+    all_fields: dict[str, dataclasses.Field[Any]] = dc.__dataclass_fields__
     user_initvars = [
         f
         for f in all_fields.values()

@@ -64,7 +64,7 @@ def resolve(cls_name: str, name: str, ann: Any, module: str, localns: Mapping[st
     globalns = dict(vars(mod)) if mod is not None else {}
     ns = {**localns, cls_name: SelfRef}
     try:
-        return eval(ann, globalns, ns)  # noqa: S307 - annotations are code written by the user
+        return eval(ann, globalns, ns)  # annotations are code written by the user
     except Exception as err:  # any failure: report which field, at class definition
         raise TypeError(
             E.UNRESOLVED_ANNOTATION.format(cls=cls_name, ann=ann, name=name, err=err)
@@ -156,10 +156,11 @@ def child_value(
             return None
         raise TypeError(E.NONE_NOT_ALLOWED.format(cls=cls.__name__, name=name, ann=spec.ann))
     if spec.nodes and isinstance(value, spec.nodes):
-        if device is not None and value._device != device:
-            value = ops.to(value, device)
-        _check_prefix(cls, name, value._batch_size, batch_size)
-        return value
+        node = typing.cast(Node, value)  # spec.nodes holds node types once the class exists
+        if device is not None and node._device != device:
+            node = ops.to(node, device)
+        _check_prefix(cls, name, node._batch_size, batch_size)
+        return node
     if spec.mapping and isinstance(value, Mapping) and not is_node(value):
         return TensorDict._build(value, batch_size, device, (name,))
     raise TypeError(

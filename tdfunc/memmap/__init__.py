@@ -59,7 +59,7 @@ from . import _errors, _store, _tensor
 __getattr__ = _deprecate.module_getattr(
     __name__,
     {
-        name: ((lambda m=m, name=name: getattr(m, name)), f"tdfunc.{name}")
+        name: (_deprecate.attribute(m, name), f"tdfunc.{name}")
         for m, names in (
             (_errors, ("MemmapFormatError", "StoreCleanupWarning", "StoreReplacedError")),
             (_store, ("load", "memmap_like", "save")),

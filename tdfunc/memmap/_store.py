@@ -163,7 +163,7 @@ def _describe(node: Node, prefix: KeyPath, layout: _Layout) -> dict[str, Any]:
             children[k] = _describe(v, path, layout)
         else:
             raise TypeError(f"key {fmt_key(path)}: cannot save a child of type {type(v).__name__}")
-    static = getattr(node, "_tdf_static", tuple)()
+    static: tuple[tuple[str, Any], ...] = getattr(node, "_tdf_static", tuple)()
     return {
         "kind": "node",
         "type": _type_name(node),
@@ -673,7 +673,8 @@ class _Reader:
             raise self.corrupt(f"node {_where(path)} does not fit {name}: {e}") from None
 
     def check_overlaps(self) -> None:
-        end, prev = 0, ()
+        end = 0
+        prev: KeyPath = ()
         for off, n, path in sorted(self.spans, key=lambda s: s[0]):
             if off < end:
                 raise self.corrupt(f"leaves {_where(prev)} and {_where(path)} overlap")

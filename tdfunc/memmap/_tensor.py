@@ -74,7 +74,7 @@ import secrets
 import stat
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -283,7 +283,9 @@ class MemoryMappedTensor(Tensor):
     _ident: tuple[Any, ...] | None
     _storage: torch.UntypedStorage | None
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    # torch's stubs type Tensor.__torch_function__ as a method, not as the documented
+    # ``_disabled_torch_function_impl`` switch
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> MemoryMappedTensor:
         raise TypeError(E.NO_CONSTRUCTOR)
@@ -324,18 +326,19 @@ class MemoryMappedTensor(Tensor):
         return self._filename
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> str:  # type: ignore[override]  # the file mode, not torch.mode
         """``"r"`` (read-only), ``"r+"`` (read-write) or ``"c"`` (copy-on-write)."""
         return self._mode
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    # mypy reports any override of Tensor.__repr__ (even the same signature) as incompatible
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return (
             f"MemoryMappedTensor({self._inner!r}, filename={self._filename!r}, mode={self._mode!r})"
         )
 
     # ------------------------------------------------------------------ dispatch
-    @classmethod
-    def __torch_dispatch__(
+    @classmethod  # torch's stubs type Tensor.__torch_dispatch__ as a plain method
+    def __torch_dispatch__(  # type: ignore[override]
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kw = kwargs or {}
@@ -406,10 +409,10 @@ class MemoryMappedTensor(Tensor):
             ):  # a fake / functional leaf made while tracing: it has no memory to alias
                 return Tensor.untyped_storage(self)
             inner = t.untyped_storage()
-            s = inner[0 : inner.nbytes()]
+            s: torch.UntypedStorage = inner[0 : inner.nbytes()]
             if self._mode == "r":
                 s.__class__ = ReadOnlyStorage
-                s._tdf_filename = self._filename  # type: ignore[attr-defined]
+                cast(ReadOnlyStorage, s)._tdf_filename = self._filename
             self._storage = s
         return self._storage
 
@@ -768,7 +771,7 @@ def protect(t: Tensor, mode: str, filename: str) -> Tensor:
         s = t.untyped_storage()
         if type(s) is torch.UntypedStorage:
             s.__class__ = ReadOnlyStorage
-            s._tdf_filename = filename  # type: ignore[attr-defined]
+            cast(ReadOnlyStorage, s)._tdf_filename = filename
     return t
 
 
@@ -789,7 +792,8 @@ def leaf_tensor(
     n = nbytes_of(shape, dtype)
     if n == 0:
         return protect(torch.empty(shape, dtype=dtype), mode, filename)
-    t = torch.empty(0, dtype=dtype).set_(storage[offset : offset + n], 0, shape)
+    # torch's stubs require ``stride``; it defaults to contiguous
+    t = torch.empty(0, dtype=dtype).set_(storage[offset : offset + n], 0, shape)  # type: ignore[call-overload]
     return protect(t, mode, filename)
 
 
@@ -803,6 +807,8 @@ class ReadOnlyStorage(torch.UntypedStorage):
     """The storage of a read-only leaf: reads work; every method that writes raises
     ``PermissionError`` naming the file (``share_memory_`` is a no-op: the data is shared by
     file reference)."""
+
+    _tdf_filename: str  # set when a storage becomes read-only
 
     def copy_(self, *args: Any, **kwargs: Any) -> Any:
         raise _refuse_storage(self, "copy_")

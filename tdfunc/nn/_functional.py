@@ -221,7 +221,8 @@ def _new_state(state: Any, prefix: str, written: dict[str, Tensor], alias: dict[
                 items[k] = _new_state(v, prefix + k + ".", written, alias)
         if all(items[k] is v for k, v in state.items()):
             return state
-        return type(state)(items)
+        mapping_type: Any = type(state)  # dict, OrderedDict, ...: built from a dict
+        return mapping_type(items)
     parts = [_new_state(p, prefix, written, alias) for p in state]
     if all(a is b for a, b in zip(parts, state)):
         return state

@@ -108,8 +108,9 @@ def _build_rules() -> tuple[dict[Any, tuple[Any, ...]], frozenset[Any]]:
             elif name in _VIEW_NAMES:
                 views.add(fn)
     # ``t.data = v`` replaces the data of ``t``; ``t.data`` is an alias of ``t``
-    rules[torch.Tensor.data.__set__] = (_FIRST,)
-    views.add(torch.Tensor.data.__get__)
+    # (torch's stubs declare ``Tensor.data`` a plain attribute; it is a descriptor)
+    rules[torch.Tensor.data.__set__] = (_FIRST,)  # type: ignore[attr-defined]
+    views.add(torch.Tensor.data.__get__)  # type: ignore[attr-defined]
     for fn in get_overridable_functions()[F]:
         sig = _signature(fn)
         if sig is not None and "inplace" in sig.parameters:
@@ -124,9 +125,9 @@ def _build_rules() -> tuple[dict[Any, tuple[Any, ...]], frozenset[Any]]:
         "cudnn_batch_norm",
         "miopen_batch_norm",
     ):
-        fn = getattr(torch, name, None)
-        if fn is not None:
-            rules[fn] = (_NORM_STATS, 3, 4, 5, "training", False)
+        norm_fn = getattr(torch, name, None)
+        if norm_fn is not None:
+            rules[norm_fn] = (_NORM_STATS, 3, 4, 5, "training", False)
     rules[torch.instance_norm] = (_NORM_STATS, 3, 4, 5, "use_input_stats", True)
     return rules, frozenset(views)
 
@@ -154,6 +155,9 @@ class _Watched(Tensor):
     The mark is an attribute of the clone, created during the call, so nothing outside the
     call is mutated (``torch.compile`` accepts this inside ``scan``/``while_loop`` bodies).
     """
+
+    _tdf_written: bool  # set on a clone: the module wrote it
+    _tdf_root: _Watched  # set on a view: the watched tensor it aliases
 
     @classmethod
     def __torch_function__(
@@ -223,12 +227,12 @@ def call_tracking_writes(
         wrote in place or rebound, a plain tensor holding the new value (in call order). The
         tensors of ``tensors`` are never written.
     """
-    clones = []
+    clones: list[_Watched] = []
     for t in tensors.values():
         c = lazy_clone(t).as_subclass(_Watched)
         c._tdf_written = False
         clones.append(c)
-    given = dict(zip(tensors, clones))
+    given: dict[str, Tensor] = dict(zip(tensors, clones))
     out = torch.func.functional_call(module, given, args, kwargs, tie_weights=tie_weights)
     written: dict[str, Tensor] = {}
     # ``given`` now holds what the module rebound (torch.func writes it back there)
