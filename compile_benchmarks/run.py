@@ -5,7 +5,9 @@
 ``compile_benchmarks/RESULTS.md`` and ``compile_benchmarks/ratios.png``.
 ``python -m compile_benchmarks.run --quick`` (``make bench-quick``, the CI smoke test) runs
 every benchmark about once (see ``--bench-quick`` in ``conftest.py``) and writes its report
-under ``compile_benchmarks/results/quick/``. The exit code is pytest's (non-zero when a
+under ``compile_benchmarks/results/quick/``. ``--threads N`` (default 1) fixes the intra-op
+and OpenMP threads of the benchmark process before it starts; ``--clock`` picks CPU time
+(default with one thread) or wall time. The exit code is pytest's (non-zero when a
 benchmark errors or a result check fails), never a missed performance target.
 
 Example:
