@@ -14,11 +14,11 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[test,lint,progress]' $(TORCH)
+	$(PIP) install -q -e '.[test,lint,progress,safetensors,tensordict,transformers]' $(TORCH)
 	touch $@
 
 $(BSTAMP): $(STAMP)
-	$(PIP) install -q -e '.[test,bench,lint,progress]' $(TORCH)
+	$(PIP) install -q -e '.[test,bench,lint,progress,safetensors,tensordict,transformers]' $(TORCH)
 	touch $@
 
 setup: $(STAMP)

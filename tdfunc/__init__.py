@@ -28,13 +28,9 @@ from ._tensorclass import is_tensorclass, tensorclass
 from ._tree import OPTREE_NAMESPACE
 from ._tree import is_node as is_container
 from ._version import __version__
-from .interop import (
-    SafetensorsFormatError,
-    from_tensordict,
-    load_safetensors,
-    save_safetensors,
-    to_tensordict,
-)
+from .interop._errors import SafetensorsFormatError
+from .interop._safetensors import load_safetensors, save_safetensors
+from .interop._tensordict import from_tensordict, to_tensordict
 from .memmap._errors import MemmapFormatError, StoreCleanupWarning, StoreReplacedError
 from .memmap._store import load, memmap_like, save
 from .memmap._tensor import MemoryMappedTensor

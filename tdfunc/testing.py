@@ -1,4 +1,6 @@
-"""Test helpers: :func:`assert_close` for TensorDicts and tensorclasses."""
+"""Test helpers: :func:`assert_close` for containers; ``launch`` / ``RankError``: run a
+function on several local processes (gloo, loopback) with deadlines, for code that uses
+``torch.distributed``."""
 
 from __future__ import annotations
 
@@ -73,4 +75,14 @@ def assert_close(
         assert_close(x, y, rtol=rtol, atol=atol, check_dtype=check_dtype, _path=(*_path, k))
 
 
-__all__ = ["assert_close"]
+def __getattr__(name: str) -> Any:
+    # launch / RankError: a local multi-process runner with deadlines (for tests of code that
+    # uses torch.distributed). Loaded on first use: it imports torch.distributed.tensor.
+    if name in ("launch", "RankError"):
+        from .distributed import _launch
+
+        return getattr(_launch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["RankError", "assert_close", "launch"]

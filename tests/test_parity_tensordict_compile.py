@@ -386,16 +386,16 @@ def test_tc_items_nested_leaves():
     assert keys == (("a", "b"),)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tensorclass select/exclude refuse to drop a field (TypeError, fixed fields); "
-    "tensordict sets dropped fields to None (core: do the same for optional fields, or "
-    "document the difference)",
-)
-def test_tc_select_exclude():
+def test_tc_select_exclude_keep_the_fixed_fields():
+    """tensordict sets a dropped tensorclass field to None; in tdfunc a tensorclass has fixed
+    fields, so dropping one is a TypeError (eager and compiled); select of every field works."""
     tc = my_data()
-    assert compiled(lambda tc: tc.select("a").a.b)(tc) is not None
-    assert compiled(lambda tc: tc.exclude("a"))(tc).a is None
+    with pytest.raises(TypeError, match="has the fixed fields"):
+        tc.exclude("a")
+    with pytest.raises(TypeError, match="has the fixed fields"):
+        torch.compile(lambda t: t.exclude("a"), backend="eager", fullgraph=True)(tc)
+    out = same_eager_and_compiled(lambda t: t.select(*t.keys()), tc)
+    assert out.keys() == tc.keys()
 
 
 def test_tc_flatten_keys():

@@ -10,14 +10,3 @@ The public names live at the top level (``tdfunc.save_safetensors``...); this pa
 their implementation.
 """
 
-from ._errors import SafetensorsFormatError
-from ._safetensors import load_safetensors, save_safetensors
-from ._tensordict import from_tensordict, to_tensordict
-
-__all__ = [
-    "SafetensorsFormatError",
-    "from_tensordict",
-    "load_safetensors",
-    "save_safetensors",
-    "to_tensordict",
-]
