@@ -87,18 +87,17 @@ class _TensorClass(Container):
         return self.replace(**{key: value})
 
     def _tdf_with_items(self, items: Sequence[tuple[str, Any]]) -> Any:
-        names = tuple(k for k, _ in items)
-        if sorted(names) != sorted(self._tdf_child_names):
+        # ``None`` fields are not entries: leaving one out keeps it None
+        given = dict(items)
+        names = self._tdf_child_names
+        lost = [n for n in names if n not in given and getattr(self, n) is not None]
+        if lost or len(given) != sum(n in given for n in names):
             raise TypeError(
                 E.FIXED_FIELDS.format(
-                    op="key op",
-                    cls=type(self).__name__,
-                    fields=list(self._tdf_child_names),
-                    names=list(names),
+                    op="key op", cls=type(self).__name__, fields=list(names), names=list(given)
                 )
             )
-        given = dict(items)
-        children = [given[n] for n in self._tdf_child_names]
+        children = [given.get(n) for n in names]
         return self._tdf_rebuild(children, self._batch_size, self._device)
 
     def _tdf_new_child(self, key: str) -> Any:
