@@ -31,7 +31,7 @@ import pytest
 import torch
 
 import tdfunc
-from tdfunc.interop import load_safetensors, save_safetensors
+from tdfunc import load_safetensors, save_safetensors
 
 CATEGORY = "interop"
 MODULES, PER_MODULE = 20, 10

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 import tdfunc
-from tdfunc import TensorDict
+from tdfunc import TensorDict, from_tensordict, to_tensordict
 from tdfunc.interop import _errors as E
-from tdfunc.interop import from_tensordict, to_tensordict
 
 tensordict = pytest.importorskip("tensordict")
 

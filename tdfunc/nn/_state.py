@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import get_overridable_functions
 
+from ..memmap._tensor import MemoryMappedTensor
+
 #: in-place dunder methods (``x += y`` calls ``__iadd__``; ``x[i] = v`` calls ``__setitem__``)
 _INPLACE_DUNDERS = (
     "__iadd__",
@@ -209,7 +211,14 @@ def _plain(t: Tensor) -> Tensor:
 
 
 def lazy_clone(t: Tensor) -> Tensor:
-    """A copy-on-write clone: no data is copied until one of the two tensors is written."""
+    """A copy-on-write clone: no data is copied until one of the two tensors is written.
+
+    Memory-mapped leaves are copied: torch's copy-on-write needs memory that torch allocated,
+    and a module may write any tensor it is given (the file is never written; to call a
+    memory-mapped state many times, materialise it once with ``state.clone()``).
+    """
+    if isinstance(t, MemoryMappedTensor):
+        return t.clone()
     return torch.ops.aten._lazy_clone(t)
 
 
