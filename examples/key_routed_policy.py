@@ -38,7 +38,9 @@ def main() -> None:
 
     # 1. eager
     out = policy(batch)
-    assert "action" in out and "action" not in batch and "hidden" not in out
+    assert "action" in out
+    assert "action" not in batch
+    assert "hidden" not in out
     print("eager:", out["action"].tolist()[:8], "value shape", tuple(out["critic", "value"].shape))
 
     # 2. compiled: one graph, no recompile for new values of the same structure

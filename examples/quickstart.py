@@ -15,11 +15,13 @@ assert td["next", "obs"].shape == (8, 4)
 
 # functional updates return a new TensorDict; the original is untouched
 td2 = td.set("done", torch.zeros(8, dtype=torch.bool))
-assert "done" in td2 and "done" not in td
+assert "done" in td2
+assert "done" not in td
 
 # out-of-place indexed write, like JAX
 td3 = td.at[0].set(1.0)
-assert td3["reward"][0] == 1.0 and td["reward"][0] == 0.0
+assert td3["reward"][0] == 1.0
+assert td["reward"][0] == 0.0
 
 # batch-dim ops and arithmetic
 halves = td.reshape(2, 4)

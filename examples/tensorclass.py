@@ -35,7 +35,8 @@ print(t)
 
 # frozen: build new values instead of writing into old ones
 t2 = t.replace(reward=torch.zeros(32))
-assert torch.equal(t.reward, torch.ones(32)) and torch.equal(t2.reward, torch.zeros(32))
+assert torch.equal(t.reward, torch.ones(32))
+assert torch.equal(t2.reward, torch.zeros(32))
 assert dataclasses.replace(t, discount=0.5).batch_size == t.batch_size
 assert [f.name for f in dataclasses.fields(Transition)][:3] == ["obs", "action", "reward"]
 try:
@@ -45,17 +46,20 @@ except dataclasses.FrozenInstanceError as err:
 
 # every batch op keeps the class and the static fields
 for out in (t[:8], t.reshape(4, 8), t * 2 + 1, t.to(torch.float64), tdfunc.stack([t, t])):
-    assert type(out) is Transition and out.discount == 0.99
+    assert type(out) is Transition
+    assert out.discount == 0.99
 print("t.reshape(4, 8).batch_size =", t.reshape(4, 8).batch_size)
 
 # nesting both ways
 t3 = t.set(("info", "value"), torch.randn(32))
 td = tdfunc.TensorDict(step=t3, time=torch.arange(32), batch_size=[32])
-assert type(td[:4]["step"]) is Transition and td["step", "info", "value"].shape == (32,)
+assert type(td[:4]["step"]) is Transition
+assert td["step", "info", "value"].shape == (32,)
 
 # torch.vmap sees the leaves (a None field is not one) and rebuilds the class
 per_sample = torch.vmap(lambda s: s.replace(obs=s.obs / s.obs.norm()))(t)
-assert type(per_sample) is Transition and per_sample.batch_size == (32,)
+assert type(per_sample) is Transition
+assert per_sample.batch_size == (32,)
 
 
 # torch.compile: construction, attribute access and replace in one graph

@@ -23,7 +23,7 @@ def compare(a: Any, b: Any) -> None:
         assert list(a) == list(b)
         for k in a:
             compare(a[k], b[k])
-    elif isinstance(a, torch.Size) or not (isinstance(a, torch.Tensor) or tdfunc.is_node(a)):
+    elif isinstance(a, torch.Size) or not (isinstance(a, torch.Tensor) or tdfunc.is_container(a)):
         assert a == b
     else:
         tdfunc.testing.assert_close(a, b)
@@ -55,6 +55,6 @@ def check_compiled(
 
 def snapshot(x: Any) -> Any:
     """A deep copy of a container's leaves and structure, to check inputs are not modified."""
-    if tdfunc.is_node(x):
+    if tdfunc.is_container(x):
         return x.clone()
     return x.clone() if isinstance(x, torch.Tensor) else x

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import check_compiled
+from helpers import check_compiled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -101,9 +101,12 @@ def test_from_tensor_writes_file_and_maps_read_write(tmp_path):
     before = src.clone()
     f = tmp_path / "a.bin"
     m = MemoryMappedTensor.from_tensor(src, f)
-    assert isinstance(m, MemoryMappedTensor) and m.mode == "r+"
-    assert m.filename == str(f) and os.path.isabs(m.filename)
-    assert m.shape == (3, 4) and m.dtype == torch.float32
+    assert isinstance(m, MemoryMappedTensor)
+    assert m.mode == "r+"
+    assert m.filename == str(f)
+    assert os.path.isabs(m.filename)
+    assert m.shape == (3, 4)
+    assert m.dtype == torch.float32
     torch.testing.assert_close(m, src)
     assert os.path.getsize(f) == 48
     np.testing.assert_array_equal(np.fromfile(f, dtype=np.float32), np.arange(12.0))
@@ -116,7 +119,8 @@ def test_from_tensor_writes_file_and_maps_read_write(tmp_path):
     assert m2.is_contiguous()
     # a memory-mapped source copied to another file
     m3 = MemoryMappedTensor.from_tensor(m[1:], tmp_path / "c.bin")
-    assert m3.filename == str(tmp_path / "c.bin") and torch.equal(m3, src[1:])
+    assert m3.filename == str(tmp_path / "c.bin")
+    assert torch.equal(m3, src[1:])
 
 
 def test_from_tensor_exist_ok(tmp_path):
@@ -127,7 +131,8 @@ def test_from_tensor_exist_ok(tmp_path):
     assert str(f) in str(ei.value)
     np.testing.assert_array_equal(np.fromfile(f, dtype=np.float32), np.zeros(3))
     m = MemoryMappedTensor.from_tensor(torch.ones(2), f, exist_ok=True)
-    assert m.tolist() == [1.0, 1.0] and os.path.getsize(f) == 8
+    assert m.tolist() == [1.0, 1.0]
+    assert os.path.getsize(f) == 8
     assert [p.name for p in tmp_path.iterdir()] == ["a.bin"]  # no temporary file left
     umask = os.umask(0)
     os.umask(umask)
@@ -138,7 +143,8 @@ def test_from_filename_offset_and_default_read_only(tmp_path):
     f = tmp_path / "raw.bin"
     np.arange(10, dtype=np.int64).tofile(f)
     m = MemoryMappedTensor.from_filename(f, torch.int64, (2, 3), offset=16)
-    assert m.mode == "r" and m.tolist() == [[2, 3, 4], [5, 6, 7]]
+    assert m.mode == "r"
+    assert m.tolist() == [[2, 3, 4], [5, 6, 7]]
     assert MemoryMappedTensor.from_filename(f, torch.int64, 10).shape == (10,)
 
 
@@ -164,16 +170,20 @@ def test_from_filename_bad_input(tmp_path):
 
 def test_empty_zeros_and_direct_construction(tmp_path):
     z = MemoryMappedTensor.zeros((2, 3), torch.float64, tmp_path / "z.bin")
-    assert z.mode == "r+" and z.dtype == torch.float64 and z.tolist() == [[0.0] * 3] * 2
+    assert z.mode == "r+"
+    assert z.dtype == torch.float64
+    assert z.tolist() == [[0.0] * 3] * 2
     assert os.path.getsize(tmp_path / "z.bin") == 48
     e = MemoryMappedTensor.empty(5, torch.int16, tmp_path / "e.bin")
-    assert e.shape == (5,) and e.dtype == torch.int16
+    assert e.shape == (5,)
+    assert e.dtype == torch.int16
     e[1] = 7
     assert np.fromfile(tmp_path / "e.bin", dtype=np.int16).tolist() == [0, 7, 0, 0, 0]
     with pytest.raises(FileExistsError):
         MemoryMappedTensor.empty(5, torch.int16, tmp_path / "e.bin")
     empty = MemoryMappedTensor.zeros((0, 3), torch.float32, tmp_path / "n.bin")
-    assert empty.shape == (0, 3) and empty.numel() == 0
+    assert empty.shape == (0, 3)
+    assert empty.numel() == 0
     with pytest.raises(TypeError, match=fmt(E.NO_CONSTRUCTOR)):
         MemoryMappedTensor(torch.zeros(2))
 
@@ -187,7 +197,8 @@ def test_every_supported_dtype_round_trips_bit_exact(tmp_path, name):
     t = raw.view(dtype)
     save(TensorDict(x=t, batch_size=[5]), tmp_path / "s")
     back = load(tmp_path / "s")["x"]
-    assert back.dtype == dtype and back.shape == t.shape
+    assert back.dtype == dtype
+    assert back.shape == t.shape
     assert torch.equal(back.view(torch.uint8), raw)
 
 
@@ -252,7 +263,8 @@ def test_arithmetic_is_plain_and_views_keep_mode(tmp_path):
     ]
     for v in views:
         assert isinstance(v, MemoryMappedTensor), v
-        assert v.mode == "r" and v.filename == f
+        assert v.mode == "r"
+        assert v.filename == f
     torch.testing.assert_close(x[1:3, ::2], torch.arange(24.0).reshape(4, 6)[1:3, ::2])
 
 
@@ -281,7 +293,8 @@ def test_write_to_read_only_leaf_raises_and_changes_nothing(tmp_path, op):
     x = MemoryMappedTensor.from_filename(f, torch.float32, (4, 6), mode="r")
     with pytest.raises(PermissionError, match=fmt(E.READ_ONLY)) as ei:
         WRITES[op](x)
-    assert f in str(ei.value) and "mode='r+'" in str(ei.value)
+    assert f in str(ei.value)
+    assert "mode='r+'" in str(ei.value)
     assert file_bytes(f) == before
     torch.testing.assert_close(x, torch.arange(24.0).reshape(4, 6))  # memory unchanged too
     assert x.shape == (4, 6)
@@ -306,7 +319,8 @@ def test_copy_on_write_mode_keeps_the_file(tmp_path):
     c = MemoryMappedTensor.from_filename(f, torch.float32, (4, 6), mode="c")
     c[0] = 9.0
     c.add_(1)
-    assert c[0, 0].item() == 10.0 and c[1, 0].item() == 1.0
+    assert c[0, 0].item() == 10.0
+    assert c[1, 0].item() == 1.0
     assert file_bytes(f) == before
     assert MemoryMappedTensor.from_filename(f, torch.float32, (4, 6))[0, 0].item() == 0.0
 
@@ -328,9 +342,14 @@ def test_numpy_escape(tmp_path):
 def test_scalar_conversions_and_repr(tmp_path):
     f = leaf_file(tmp_path, torch.tensor([[1.5, 2.0], [3.0, 4.0]]))
     x = MemoryMappedTensor.from_filename(f, torch.float32, (2, 2))
-    assert x.tolist() == [[1.5, 2.0], [3.0, 4.0]] and x[0, 0].item() == 1.5
-    assert float(x[0, 0]) == 1.5 and f"{x[0, 0]:.1f}" == "1.5" and bool(x[1, 1])
-    assert "MemoryMappedTensor(" in repr(x) and "mode='r'" in repr(x) and f in repr(x)
+    assert x.tolist() == [[1.5, 2.0], [3.0, 4.0]]
+    assert x[0, 0].item() == 1.5
+    assert float(x[0, 0]) == 1.5
+    assert f"{x[0, 0]:.1f}" == "1.5"
+    assert bool(x[1, 1])
+    assert "MemoryMappedTensor(" in repr(x)
+    assert "mode='r'" in repr(x)
+    assert f in repr(x)
 
 
 def test_deepcopy_is_an_in_memory_copy(tmp_path):
@@ -350,20 +369,25 @@ def test_pickle_sends_a_reference_not_the_data(tmp_path):
         blob = pickle.dumps(v)
         assert len(blob) < 400, len(blob)  # 1 MiB of data, a few hundred bytes of pickle
         back = pickle.loads(blob)
-        assert isinstance(back, MemoryMappedTensor) and back.mode == "r" and back.filename == f
+        assert isinstance(back, MemoryMappedTensor)
+        assert back.mode == "r"
+        assert back.filename == f
         assert back.stride() == v.stride()
         torch.testing.assert_close(back, v)
     w = MemoryMappedTensor.from_filename(f, torch.float32, (512, 512), mode="r+")
     w2 = pickle.loads(pickle.dumps(w[7]))
     w2.fill_(-1.0)  # the copy maps the same file, shared
-    assert w[7].sum().item() == -512.0 and x[7, 0].item() == -1.0
+    assert w[7].sum().item() == -512.0
+    assert x[7, 0].item() == -1.0
     empty = MemoryMappedTensor.zeros((0, 4), torch.float32, tmp_path / "e.bin")
     assert pickle.loads(pickle.dumps(empty)).shape == (0, 4)
     # copy-on-write leaves are pickled by reference too: private changes stay in this process
     c = MemoryMappedTensor.from_filename(f, torch.float32, (512, 512), mode="c")
     c[0] = 123.0
     c2 = pickle.loads(pickle.dumps(c))
-    assert c2.mode == "c" and c2[0, 0].item() == 0.0 and c[0, 0].item() == 123.0
+    assert c2.mode == "c"
+    assert c2[0, 0].item() == 0.0
+    assert c[0, 0].item() == 123.0
 
 
 def test_pickle_a_loaded_store_is_small(tmp_path):
@@ -374,7 +398,8 @@ def test_pickle_a_loaded_store_is_small(tmp_path):
     assert len(blob) < 2000, len(blob)
     back = pickle.loads(blob)
     assert_close(back, td)
-    assert back["b", "c"].mode == "r" and back.batch_size == (256,)
+    assert back["b", "c"].mode == "r"
+    assert back.batch_size == (256,)
 
 
 def test_dataloader_workers_read_and_write_a_store(tmp_path):
@@ -424,11 +449,13 @@ def test_save_load_round_trip(tmp_path):
         assert os.stat(tmp_path / entry).st_mode & 0o777 == full & ~umask, entry  # not private
     for mode in ("r", "r+", "c"):
         back = load(tmp_path / "s", mode=mode)
-        assert type(back) is TensorDict and back.batch_size == (6,)
+        assert type(back) is TensorDict
+        assert back.batch_size == (6,)
         assert back["deep", "er"].batch_size == (6,)
         assert list(back.keys(include_nested=True)) == list(td.keys(include_nested=True))
         for leaf in back.values(include_nested=True, leaves_only=True):
-            assert isinstance(leaf, MemoryMappedTensor) and leaf.mode == mode
+            assert isinstance(leaf, MemoryMappedTensor)
+            assert leaf.mode == mode
             assert leaf.filename == str(data_path(tmp_path / "s"))
         assert_close(back, td)
     assert_close(td, before)
@@ -440,14 +467,19 @@ def test_manifest_layout(tmp_path):
     )
     save(td, tmp_path / "s")
     m = json.loads(file_bytes(tmp_path / "s" / "manifest.json"))
-    assert m["format"] == "tdfunc.memmap" and m["version"] == 1
-    assert m["data_file"] == "data.bin" and re.fullmatch("[0-9a-f]{24}", m["store_id"])
+    assert m["format"] == "tdfunc.memmap"
+    assert m["version"] == 1
+    assert m["data_file"] == "data.bin"
+    assert re.fullmatch("[0-9a-f]{24}", m["store_id"])
     root = m["root"]
-    assert root["type"] == "tdfunc.TensorDict" and root["batch_size"] == [3]
+    assert root["type"] == "tdfunc.TensorDict"
+    assert root["batch_size"] == [3]
     assert root["device"] == "cpu"
     a, c = root["children"]["a"], root["children"]["b"]["children"]["c"]
     assert a == {"kind": "tensor", "dtype": "int8", "shape": [3], "offset": 0, "nbytes": 3}
-    assert c["offset"] == 64 and c["nbytes"] == 24 and c["dtype"] == "float32"  # 64-byte aligned
+    assert c["offset"] == 64  # 64-byte aligned
+    assert c["nbytes"] == 24
+    assert c["dtype"] == "float32"
     assert m["data_bytes"] == 88 == os.path.getsize(data_path(tmp_path / "s"))
     raw = np.fromfile(data_path(tmp_path / "s"), dtype=np.uint8)
     assert raw[3:64].tolist() == [0] * 61  # padding
@@ -458,18 +490,22 @@ def test_device_none_and_empty_containers(tmp_path):
     empty = TensorDict(batch_size=[3, 2])
     save(empty, tmp_path / "e")
     back = load(tmp_path / "e")
-    assert back.batch_size == (3, 2) and back.keys() == [] and back.device is None
+    assert back.batch_size == (3, 2)
+    assert back.keys() == []
+    assert back.device is None
     nested_empty = TensorDict(a={}, b=torch.ones(4), batch_size=[4], device="cpu")
     save(nested_empty, tmp_path / "n")
     back = load(tmp_path / "n")
-    assert back["a"].batch_size == (4,) and back.device == torch.device("cpu")
+    assert back["a"].batch_size == (4,)
+    assert back.device == torch.device("cpu")
     assert os.path.getsize(data_path(tmp_path / "e")) == 0
     # a store saved from an accelerator maps onto the host (memory maps live in host memory)
     m = json.loads(file_bytes(tmp_path / "n" / "manifest.json"))
     m["root"]["device"] = m["root"]["children"]["a"]["device"] = "cuda:0"
     (tmp_path / "n" / "manifest.json").write_text(json.dumps(m))
     back = load(tmp_path / "n")
-    assert back.device == torch.device("cpu") and back["a"].device == torch.device("cpu")
+    assert back.device == torch.device("cpu")
+    assert back["a"].device == torch.device("cpu")
     assert back["b"].device == torch.device("cpu")
 
 
@@ -556,12 +592,15 @@ def test_memmap_like_preallocates_a_writable_store(tmp_path):
     buf = memmap_like(spec, tmp_path / "buf")
     assert list(buf.keys(include_nested=True)) == list(spec.keys(include_nested=True))
     for (k, a), b in zip(buf.items(True, True), spec.values(True, True)):
-        assert a.mode == "r+" and a.shape == b.shape and a.dtype == b.dtype, k
+        assert a.mode == "r+", k
+        assert a.shape == b.shape, k
+        assert a.dtype == b.dtype, k
         assert not a.any()
     buf["obs"][2] = torch.tensor([1.0, 2.0, 3.0])
     buf["next", "done"][5] = True
     again = load(tmp_path / "buf")
-    assert again["obs"][2].tolist() == [1.0, 2.0, 3.0] and again["next", "done"][5].item()
+    assert again["obs"][2].tolist() == [1.0, 2.0, 3.0]
+    assert again["next", "done"][5].item()
     with pytest.raises(FileExistsError):
         memmap_like(spec, tmp_path / "buf")
     assert memmap_like(spec, tmp_path / "buf", overwrite=True)["obs"].sum().item() == 0.0
@@ -603,23 +642,23 @@ BAD_MANIFESTS = {
     ),
     "format": (_set(("format",), "something"), "'format' is not 'tdfunc.memmap'"),
     "dtype": (
-        _set(_leaf("obs") + ("dtype",), "float13"),
+        _set((*_leaf("obs"), "dtype"), "float13"),
         "unknown or unsupported dtype 'float13' at key 'obs'",
     ),
     "type": (
-        _set(_leaf("next") + ("type",), "nowhere.Missing"),
+        _set((*_leaf("next"), "type"), "nowhere.Missing"),
         "container type 'nowhere.Missing' at 'next' is not registered",
     ),
-    "offset_past_end": (_set(_leaf("obs") + ("offset",), 1 << 20), "past data_bytes"),
-    "nbytes": (_set(_leaf("obs") + ("nbytes",), 4), "do not fit shape"),
-    "misaligned": (_set(_leaf("obs") + ("offset",), 2), "do not fit shape"),
-    "overlap": (_set(_leaf("action") + ("offset",), 8), "overlap"),
-    "shape_type": (_set(_leaf("obs") + ("shape",), "big"), "field 'shape' of entry 'obs'"),
+    "offset_past_end": (_set((*_leaf("obs"), "offset"), 1 << 20), "past data_bytes"),
+    "nbytes": (_set((*_leaf("obs"), "nbytes"), 4), "do not fit shape"),
+    "misaligned": (_set((*_leaf("obs"), "offset"), 2), "do not fit shape"),
+    "overlap": (_set((*_leaf("action"), "offset"), 8), "overlap"),
+    "shape_type": (_set((*_leaf("obs"), "shape"), "big"), "field 'shape' of entry 'obs'"),
     "batch": (
-        _set(_leaf("next") + ("batch_size",), [5]),
+        _set((*_leaf("next"), "batch_size"), [5]),
         "leaf ('next', 'reward') does not start with batch [5]",
     ),
-    "kind": (_set(_leaf("obs") + ("kind",), "blob"), "unknown kind 'blob'"),
+    "kind": (_set((*_leaf("obs"), "kind"), "blob"), "unknown kind 'blob'"),
     "missing_field": (
         lambda m: m["root"]["children"]["obs"].pop("offset"),
         "has no field 'offset'",
@@ -643,7 +682,7 @@ def test_load_rejects_broken_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="no tdfunc store at"):
         load(tmp_path / "nothing")
     (tmp_path / "dir").mkdir()
-    with pytest.raises(FileNotFoundError, match="'manifest.json' is missing"):
+    with pytest.raises(FileNotFoundError, match=r"'manifest\.json' is missing"):
         load(tmp_path / "dir")
     p = _break(tmp_path, lambda m: None)
     (p / "manifest.json").write_bytes(b'{"format": "tdfunc.memmap", "vers')
@@ -662,7 +701,7 @@ def test_load_rejects_broken_files(tmp_path):
         load(p)
     assert str(data) in str(ei.value)
     os.unlink(data)
-    with pytest.raises(FileNotFoundError, match="data file .* is missing"):
+    with pytest.raises(FileNotFoundError, match=r"data file .* is missing"):
         load(p)
     with pytest.raises(ValueError, match=fmt(E.BAD_MODE)):
         load(p, mode="w")
@@ -703,13 +742,20 @@ def test_tensorclass_round_trip(tmp_path):
     assert m["root"]["type"] == f"{__name__}.MemSample"
     assert m["root"]["children"]["opt"] == {"kind": "none"}
     back = load(tmp_path / "tc")
-    assert type(back) is MemSample and type(back.inner) is MemInner
-    assert back.name == "hello" and back.meta == (1, ("a", 2.5), None) and back.opt is None
-    assert back.inner.batch_size == (4, 2) and back.batch_size == (4,)
-    assert isinstance(back.obs, MemoryMappedTensor) and back.obs.mode == "r"
+    assert type(back) is MemSample
+    assert type(back.inner) is MemInner
+    assert back.name == "hello"
+    assert back.meta == (1, ("a", 2.5), None)
+    assert back.opt is None
+    assert back.inner.batch_size == (4, 2)
+    assert back.batch_size == (4,)
+    assert isinstance(back.obs, MemoryMappedTensor)
+    assert back.obs.mode == "r"
     assert_close(back, tc)
     like = memmap_like(tc, tmp_path / "like")
-    assert type(like) is MemSample and like.inner.c.mode == "r+" and like.name == "hello"
+    assert type(like) is MemSample
+    assert like.inner.c.mode == "r+"
+    assert like.name == "hello"
     cnt = CompileCounterWithBackend("aot_eager")
     f = torch.compile(
         lambda t: t.obs.sum(-1) + t.inner.c.sum((-1, -2)), backend=cnt, fullgraph=True
@@ -798,7 +844,8 @@ def test_compiled_ops_on_a_loaded_store(tmp_path, backend):
     # views returned by a compiled function keep file and mode
     torch._dynamo.reset()
     out = torch.compile(lambda t: t[2:], backend=backend, fullgraph=True)(td)
-    assert isinstance(out["obs"], MemoryMappedTensor) and out["obs"].mode == "r"
+    assert isinstance(out["obs"], MemoryMappedTensor)
+    assert out["obs"].mode == "r"
     assert out["obs"].filename == td["obs"].filename
     with pytest.raises(PermissionError):
         out["obs"].zero_()
@@ -902,7 +949,9 @@ def test_read_only_bypasses_and_killed_saves_in_child_processes():
         shutil.rmtree(work, ignore_errors=True)
     for how in ("numpy", "from_numpy", "ctypes"):
         r = rep[f"bypass_{how}"]
-        assert r["exit"] == 0 and "signal" not in r and "error" not in r, r
+        assert r["exit"] == 0, r
+        assert "signal" not in r, r
+        assert "error" not in r, r
         assert r["file_unchanged"], r
     assert rep["bypass_numpy"]["result"]["numpy_write"].startswith("ValueError")
     assert not rep["bypass_numpy"]["result"]["writeable"]
@@ -924,10 +973,12 @@ def test_read_only_bypasses_and_killed_saves_in_child_processes():
     for r in rep["kill_loop"]:
         st = r["state"]
         if st is None:  # killed between the two renames: the previous store is kept aside
-            assert len(r["old"]) == 1 and len(r["old"][0]["values"]) == 1
+            assert len(r["old"]) == 1
+            assert len(r["old"][0]["values"]) == 1
             continue
         # a complete store of one save: every leaf holds the same value, the last or next save
-        assert st["keys"] == 8 and len(st["values"]) == 1, r
+        assert st["keys"] == 8, r
+        assert len(st["values"]) == 1, r
         assert st["values"][0] in (float(r["saves"]), float(r["saves"] + 1)), r
 
 

@@ -32,7 +32,7 @@ def leafwise(td, fn):
 
 # ------------------------------------------------------------------ indexing
 @pytest.mark.parametrize(
-    "idx, bs",
+    ("idx", "bs"),
     [
         (0, (3,)),
         (-1, (3,)),
@@ -74,7 +74,7 @@ def test_bool_mask_2d():
 
 def test_indexing_past_batch_dims():
     td = make_td()
-    with pytest.raises(IndexError, match="too many indices.*batch_size \\(4, 3\\)"):
+    with pytest.raises(IndexError, match=r"too many indices.*batch_size \(4, 3\)"):
         td[0, 0, 0]
     with pytest.raises(IndexError, match="too many indices"):
         td[..., 0, 0, 0]
@@ -86,7 +86,7 @@ def test_indexing_past_batch_dims():
 
 # ------------------------------------------------------------------ shape ops
 @pytest.mark.parametrize(
-    "op, leaf_fn, bs",
+    ("op", "leaf_fn", "bs"),
     [
         (lambda t: t.reshape(12), lambda x: x.reshape(12, *x.shape[2:]), (12,)),
         (lambda t: t.reshape(-1, 2), lambda x: x.reshape(6, 2, *x.shape[2:]), (6, 2)),
@@ -118,7 +118,7 @@ def test_shape_ops(op, leaf_fn, bs):
 
 def test_shape_op_errors():
     td = make_td()
-    with pytest.raises(IndexError, match="dim 2 is out of range.*batch_size \\(4, 3\\)"):
+    with pytest.raises(IndexError, match=r"dim 2 is out of range.*batch_size \(4, 3\)"):
         td.transpose(0, 2)
     with pytest.raises(IndexError, match="out of range"):
         td.unsqueeze(4)
@@ -141,10 +141,12 @@ def test_stack_cat_unbind_split_chunk():
     assert s["n"].batch_size == (4, 2, 3, 1)
     assert torch.stack([td, td]).batch_size == (2, 4, 3)
     c = tdfunc.cat([td, td[:1]], dim=0)
-    assert c.batch_size == (5, 3) and torch.equal(c["e"][4], td["e"][0])
+    assert c.batch_size == (5, 3)
+    assert torch.equal(c["e"][4], td["e"][0])
     assert torch.cat([td, td], dim=1).batch_size == (4, 6)
     parts = td.unbind(1)
-    assert len(parts) == 3 and parts[2].batch_size == (4,)
+    assert len(parts) == 3
+    assert parts[2].batch_size == (4,)
     assert torch.equal(parts[2]["n", "c"], td["n", "c"][:, 2])
     assert len(torch.unbind(td, 0)) == 4
     sp = td.split([1, 3])
@@ -160,7 +162,7 @@ def test_stack_cat_unbind_split_chunk():
 
 def test_stack_cat_errors():
     td = make_td()
-    with pytest.raises(ValueError, match="structures differ.*missing keys \\['e'\\]"):
+    with pytest.raises(ValueError, match=r"structures differ.*missing keys \['e'\]"):
         tdfunc.stack([td, td.exclude("e")])
     with pytest.raises(ValueError, match="extra keys \\['z'\\]"):
         tdfunc.cat([td, td.set("z", torch.zeros(4, 3))])
@@ -178,11 +180,13 @@ def test_stack_cat_errors():
 def test_apply_named_apply_to_clone():
     td = make_td()
     out = td.apply(lambda x: x * 2)
-    assert torch.equal(out["a"], td["a"] * 2) and out["n", "i"].dtype == torch.int64
+    assert torch.equal(out["a"], td["a"] * 2)
+    assert out["n", "i"].dtype == torch.int64
     two = td.apply(lambda x, y: x + y, td)
     assert_close(two, td * 2)
     s = td.apply(lambda x: x.sum(0), batch_size=[3])
-    assert s.batch_size == (3,) and s["n"].batch_size == (3, 1)
+    assert s.batch_size == (3,)
+    assert s["n"].batch_size == (3, 1)
     with pytest.raises(ValueError, match="after apply"):
         td.apply(lambda x: x.sum(0))
     with pytest.raises(TypeError, match="produced int"):
@@ -196,15 +200,16 @@ def test_apply_named_apply_to_clone():
     d = td.to(torch.float64)
     assert all(x.dtype == torch.float64 for x in d.leaves())
     assert td.to("cpu").device == torch.device("cpu")
-    assert (
-        td.double()["a"].dtype == torch.float64 and td.double().float()["a"].dtype == torch.float32
-    )
+    assert td.double()["a"].dtype == torch.float64
+    assert td.double().float()["a"].dtype == torch.float32
     c = td.clone()
-    assert c["a"] is not td["a"] and torch.equal(c["a"], td["a"])
+    assert c["a"] is not td["a"]
+    assert torch.equal(c["a"], td["a"])
     r = td.apply(lambda x: x.float().requires_grad_())
     assert not r.detach()["a"].requires_grad
     t = td.permute(1, 0)
-    assert t.contiguous()["a"].is_contiguous() and not t["a"].is_contiguous()
+    assert t.contiguous()["a"].is_contiguous()
+    assert not t["a"].is_contiguous()
 
 
 def test_like_functions():
@@ -271,13 +276,15 @@ def test_comparisons_and_logic():
     assert (td != td).any().item() is False
     lt = td < 0
     assert torch.equal(lt["a"], td["a"] < 0)
-    assert isinstance((td > 0).all(), torch.Tensor) and (td > 0).all().ndim == 0
+    assert isinstance((td > 0).all(), torch.Tensor)
+    assert (td > 0).all().ndim == 0
     b = td > 0
     assert_close(~b, b.apply(torch.logical_not))
     assert_close(b & b, b)
     assert_close(b | ~b, tdfunc.ones_like(b))
     assert_close(b ^ b, tdfunc.zeros_like(b))
-    assert (td >= td).all() and (td <= td).all()
+    assert (td >= td).all()
+    assert (td <= td).all()
     assert_close(td.all(dim=0), td.apply(lambda x: x.all(0), batch_size=[3]))
     assert_close(td.any(dim=1), td.apply(lambda x: x.any(1), batch_size=[4]))
 
@@ -300,7 +307,8 @@ def test_reductions(name):
     td = make_td().exclude("n")
     fn = getattr(torch, name)
     whole = getattr(td, name)()
-    assert whole.batch_size == () and torch.allclose(whole["a"], fn(td["a"]))
+    assert whole.batch_size == ()
+    assert torch.allclose(whole["a"], fn(td["a"]))
     d0 = getattr(td, name)(dim=0)
     assert d0.batch_size == (3,)
     kwargs = {}
@@ -308,10 +316,7 @@ def test_reductions(name):
     assert torch.allclose(d0["a"], exp)
     both = getattr(td, name)(dim=(0, 1))
     assert both.batch_size == ()
-    if name == "prod":
-        exp2 = td["e"].prod(1).prod(0)
-    else:
-        exp2 = fn(td["e"], (0, 1))
+    exp2 = td["e"].prod(1).prod(0) if name == "prod" else fn(td["e"], (0, 1))
     assert torch.allclose(both["e"], exp2)
     keep = getattr(td, name)(dim=-1, keepdim=True)
     assert keep.batch_size == (4, 1)
@@ -320,21 +325,25 @@ def test_reductions(name):
 def test_reduction_nested_and_torch_sum():
     td = make_td()
     r = td.sum(dim=1)
-    assert r.batch_size == (4,) and r["n"].batch_size == (4, 1)
+    assert r.batch_size == (4,)
+    assert r["n"].batch_size == (4, 1)
     assert torch.equal(r["n", "i"], td["n", "i"].sum(1))
     whole = td.sum()
-    assert whole["n"].batch_size == () and whole["n", "c"].ndim == 0
+    assert whole["n"].batch_size == ()
+    assert whole["n", "c"].ndim == 0
     assert_close(torch.sum(td, dim=0), td.sum(0))
     with pytest.raises(IndexError, match="out of range"):
         td.sum(dim=2)
-    assert isinstance(td.all(), torch.Tensor) and td.all().dtype == torch.bool
+    assert isinstance(td.all(), torch.Tensor)
+    assert td.all().dtype == torch.bool
 
 
 def test_arithmetic_mixed_dtypes_with_autograd():
     w = torch.randn(3, requires_grad=True)
     td = TensorDict(w=w, steps=torch.arange(3))
     out = td * 2 + 1
-    assert out["steps"].dtype == torch.int64 and torch.equal(out["steps"], torch.arange(3) * 2 + 1)
+    assert out["steps"].dtype == torch.int64
+    assert torch.equal(out["steps"], torch.arange(3) * 2 + 1)
     out["w"].sum().backward()
     assert torch.equal(w.grad, torch.full((3,), 2.0))
     both = td + td
