@@ -4,13 +4,16 @@ function on several local processes (gloo, loopback) with deadlines, for code th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from ._keys import fmt_key
 from ._tree import KeyPath, is_node
+
+if TYPE_CHECKING:  # served lazily by __getattr__ below
+    from .distributed._launch import RankError, launch
 
 
 def assert_close(
