@@ -537,7 +537,8 @@ def test_functional_call_with_a_loaded_checkpoint(tmp_path):
     save_safetensors(tdfunc.from_module(net), g)
     for mode in ("r", "c", "r+"):
         loaded = load_safetensors(g, mode=mode)
-        y, new = tdfunc.functional_call(net, loaded, (x,), return_state=True)
+        _y, new = tdfunc.functional_call(net, loaded, (x,), return_state=True)
         assert torch.equal(loaded["1", "running_mean"], torch.zeros(2))
         assert not torch.equal(new["1", "running_mean"], torch.zeros(2))
-    assert state is not None and f.read_bytes() == before
+    assert state is not None
+    assert f.read_bytes() == before

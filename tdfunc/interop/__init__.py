@@ -9,4 +9,3 @@
 The public names live at the top level (``tdfunc.save_safetensors``...); this package is
 their implementation.
 """
-

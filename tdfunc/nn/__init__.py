@@ -12,7 +12,7 @@ from ._modules import TensorDictModule, TensorDictSequential
 __getattr__ = _deprecate.module_getattr(
     __name__,
     {
-        name: ((lambda name=name: getattr(_functional, name)), f"tdfunc.{name}")
+        name: (_deprecate.attribute(_functional, name), f"tdfunc.{name}")
         for name in ("from_module", "functional_call", "stack_modules")
     },
 )
