@@ -107,6 +107,9 @@ AVOID: dict[str, bool] = {
     # under torch.vmap, at[bool mask].set(tensor of another dtype) fails (batched index_put
     # wants equal dtypes); casting the value to each leaf's dtype first would fix it
     "at_mask_value_dtype_vmap": True,
+    # compiled: reshape / view after a bool-mask index (a data-dependent batch size) fail to
+    # trace: the -1 inference branches on the size (`if known != numel`); a tensor compiles
+    "reshape_after_mask_compiled": True,
 }
 
 
@@ -1056,7 +1059,8 @@ def _compare(eager: Outcome, comp: Outcome, what: str) -> None:
 class Gen:
     """Draws the arguments of one op for the current value ``v``."""
 
-    def __init__(self, draw: Any, v: Any, edge: bool) -> None:
+    def __init__(self, draw: Any, v: Any, edge: bool, after_mask: bool = False) -> None:
+        self.after_mask = after_mask  # an earlier step indexed with a bool mask
         self.draw = draw
         self.v = v
         self.bs = tuple(v.batch_size)
@@ -1294,6 +1298,19 @@ def _leafwise_step(g: Gen, r: int) -> Step:
     return _reduction_step(g)
 
 
+def _has_mask(csrc: str) -> bool:
+    return "dtype=torch.bool" in csrc
+
+
+def _vmap_safe_index(csrc: str) -> bool:
+    """torch.vmap (not tdfunc) gets a bool mask mixed with another advanced index wrong:
+    ``vmap(lambda t: t[..., m, None, [0], :])`` on ``(2, 0, 1, 1)`` gives ``(1, 0, 2, 1)``."""
+    if not _has_mask(csrc):
+        return True
+    others = csrc.count("torch.tensor(") - 1 + len(re.findall(r"(?:^|, )\[", csrc))
+    return others == 0
+
+
 def _invalid_shape_args(g: Gen) -> str | None:
     """Arguments torch rejects for a tensor of shape ``batch_size`` (the error types must match)."""
     bd = g.bd
@@ -1363,7 +1380,7 @@ def _at_step(g: Gen) -> Step | None:
         f"{fn}(x, {lsrc}, {lval})",
         write=True,
         x_value=r == 2,
-        vmap_ok=not (r == 2 and has_bool) and not mask_tensor,
+        vmap_ok=not (r == 2 and has_bool) and not mask_tensor and _vmap_safe_index(csrc),
     )
 
 
@@ -1377,8 +1394,10 @@ def _shape_step(g: Gen, r: int) -> Step | None:
     if r <= 2:
         csrc, _ = g.index()
         src = f"x[{csrc}]"
-        return Step(src, "shape", src)
+        return Step(src, "shape", src, vmap_ok=_vmap_safe_index(csrc))
     if r == 3:
+        if g.after_mask and AVOID["reshape_after_mask_compiled"]:
+            return None
         shape = g.with_inferred(g.shape_with_numel(n), n)
         meth = g.pick(["reshape", "view"])
         if not shape or (g.coin(3) and len(shape) != 1):
@@ -1639,7 +1658,7 @@ def programs(draw: Any, kind: str | None = None, min_steps: int = 1, max_steps: 
     v = build(spec, 0)
     steps: list[Step] = []
     for _ in range(n):
-        g = Gen(draw, v, edge)
+        g = Gen(draw, v, edge, any(_has_mask(s.src) for s in steps))
         step = None
         for _attempt in range(3):
             family, r = draw(st.sampled_from(_FAMILIES[kind]))

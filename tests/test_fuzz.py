@@ -204,3 +204,15 @@ def test_at_mask_set_other_dtype_under_vmap():
 
     expected = torch.stack([f(X[i])["a"] for i in range(2)])
     assert torch.equal(torch.vmap(f)(X)["a"], expected)
+
+
+@pytest.mark.xfail(strict=True, reason="reshape after a bool-mask index does not trace")
+def test_reshape_after_mask_index_compiles():
+    spec = NodeSpec("TensorDict", (2,), (("a", LeafSpec((2,), "float32", 5)),))
+    mask = "torch.tensor([True, False], dtype=torch.bool)"
+    prog = _prog(
+        spec,
+        Step(f"x[{mask}]", "shape", f"x[{mask}]"),
+        Step("x.reshape(())", "shape", "x.reshape(())"),
+    )
+    check_compiled(prog)
