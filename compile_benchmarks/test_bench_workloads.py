@@ -192,7 +192,9 @@ TRAIN = {
 
 @pytest.mark.parametrize("contender", CONTENDERS_HERE)
 @pytest.mark.parametrize("workload", list(TRAIN))
-def test_train_step(measure: Callable[..., Any], workload: str, mode: str, contender: str) -> None:
+def test_train_step(
+    measure: Callable[..., Any], bench_quick: bool, workload: str, mode: str, contender: str
+) -> None:
     """Training step: grad_and_value of the loss through a functional call, then SGD update."""
     if contender == "tensordict":
         _tensordict()
@@ -222,7 +224,7 @@ def test_train_step(measure: Callable[..., Any], workload: str, mode: str, conte
         mode=mode,
         contender=contender,
         category=CATEGORY,
-        make_args=make_args,
+        make_args=None if bench_quick else make_args,  # the probe retraces: full runs only
         doc=f"grad_and_value + SGD update, {kind} on {list(shape)}",
     )
 
@@ -246,10 +248,18 @@ ENSEMBLE = {
 }
 
 
-@pytest.mark.bench_representative
 @pytest.mark.parametrize("contender", CONTENDERS_HERE)
-@pytest.mark.parametrize("workload", list(ENSEMBLE))
-def test_ensemble(measure: Callable[..., Any], workload: str, mode: str, contender: str) -> None:
+@pytest.mark.parametrize(
+    "workload",
+    [
+        # compiled for every contender even in quick mode (the CI smoke test)
+        pytest.param("ensemble_forward", marks=pytest.mark.bench_representative),
+        "ensemble_forward_backward",
+    ],
+)
+def test_ensemble(
+    measure: Callable[..., Any], bench_quick: bool, workload: str, mode: str, contender: str
+) -> None:
     """vmap ensemble of 8 MLPs: forward, or forward + backward (see ENSEMBLE[workload])."""
     if contender == "tensordict":
         _tensordict()
@@ -278,14 +288,16 @@ def test_ensemble(measure: Callable[..., Any], workload: str, mode: str, contend
         mode=mode,
         contender=contender,
         category=CATEGORY,
-        make_args=make_args,
+        make_args=None if bench_quick else make_args,  # the probe retraces: full runs only
         doc=ENSEMBLE[workload],
         members=MEMBERS,
     )
 
 
 @pytest.mark.parametrize("contender", CONTENDERS_HERE)
-def test_per_sample_grads(measure: Callable[..., Any], mode: str, contender: str) -> None:
+def test_per_sample_grads(
+    measure: Callable[..., Any], bench_quick: bool, mode: str, contender: str
+) -> None:
     """Per-sample gradients: vmap(grad(loss), in_dims=(None, 0, 0)) of the MLP over 64 examples."""
     if contender == "tensordict":
         _tensordict()
@@ -308,7 +320,7 @@ def test_per_sample_grads(measure: Callable[..., Any], mode: str, contender: str
         mode=mode,
         contender=contender,
         category=CATEGORY,
-        make_args=make_args,
+        make_args=None if bench_quick else make_args,  # the probe retraces: full runs only
     )
 
 
