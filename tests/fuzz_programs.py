@@ -735,6 +735,8 @@ def _check_leafwise(
     when some leaf's result no longer starts with its node's batch size; the same exception
     type as some leaf when a leaf op raises."""
     items = leaf_items(v)
+    if not items and out.exc is not None:
+        return  # no leaf to compare with (e.g. an out-of-range at[] index on a leafless node)
     results = [(p, Outcome(eval_expr, tsrc, x)) for p, x in items]
     errors = [o.exc for _, o in results if o.exc is not None]
     if errors:
