@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import torch
+import torch._dynamo.testing
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -679,3 +680,322 @@ def run_silent_peers(rank: int, world: int) -> dict[str, Any]:
     else:
         res["send_silent"] = caught(lambda: tdd.send(td, 2, timeout=1.0))
     return res
+
+
+# --------------------------------------------------------------------------------------
+# planned transfers between meshes (6 ranks): 4+2 and 2+2, disjoint and overlapping
+# --------------------------------------------------------------------------------------
+MIXED_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int64,
+    torch.int32,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+)
+MIXED_SHAPES = ((8, 6), (5, 7), (12,), (3, 5, 2), (7, 4), (1, 9), (4, 4), (9,))
+
+
+def mixed_full(seed: int = 0) -> tdfunc.TensorDict:
+    """A nested TensorDict of 60 leaves of mixed dtypes and shapes (even and uneven), the
+    same on every rank."""
+    g = torch.Generator().manual_seed(seed)
+
+    def leaf(i: int) -> torch.Tensor:
+        shape = MIXED_SHAPES[i % len(MIXED_SHAPES)]
+        dt = MIXED_DTYPES[i % len(MIXED_DTYPES)]
+        x = torch.randn(shape, generator=g) * 50
+        if dt == torch.bool:
+            return x > 0
+        if dt == torch.complex64:
+            return torch.complex(x, x.flip(0))
+        return x.to(dt)
+
+    layers = {
+        f"layer{j}": {"w": leaf(3 * j), "b": leaf(3 * j + 1), "s": {"v": leaf(3 * j + 2)}}
+        for j in range(20)
+    }
+    return tdfunc.TensorDict(layers)
+
+
+def _two_d(path: Any, x: Any) -> list[Any]:
+    """(Shard(0), Shard(1)) where a leaf has two dims, else (Shard(0), Replicate())."""
+    return [Shard(0), Shard(1)] if x.ndim >= 2 else [Shard(0), Replicate()]
+
+
+def _last(path: Any, x: Any) -> list[Any]:
+    return [Shard(x.ndim - 1)]
+
+
+def _check_received(got: Any, full: Any, mesh: DeviceMesh) -> dict[str, Any]:
+    """Each received leaf: a DTensor on ``mesh`` whose local shard is exactly the slice of the
+    full tensor its placements assign to this rank (no communication)."""
+    worst = 0.0
+    wrong: list[str] = []
+    for (path, x), (_, ref) in zip(
+        got.items(include_nested=True, leaves_only=True),
+        full.items(include_nested=True, leaves_only=True),
+    ):
+        if not isinstance(x, DTensor) or x.device_mesh != mesh or x.shape != ref.shape:
+            wrong.append(str(path))
+            continue
+        expected = distribute_tensor(ref, mesh, x.placements, src_data_rank=None).to_local()
+        if any(isinstance(p, Partial) for p in x.placements):
+            expected = x.to_local()  # checked through full_tensor below
+        local = x.to_local()
+        if local.dtype != ref.dtype or local.shape != expected.shape:
+            wrong.append(str(path))
+        elif not torch.equal(local, expected):
+            wrong.append(str(path))
+    return {"wrong": wrong, "worst": worst, "n": len(list(full.leaves()))}
+
+
+def _float_full(got: Any) -> Any:
+    """full_tensor of the float32 / float64 leaves (gloo reduces those)."""
+    keep = got.select(
+        *[
+            k
+            for k, v in got.items(include_nested=True, leaves_only=True)
+            if v.dtype in (torch.float32, torch.float64)
+        ]
+    )
+    return tdd.full_tensor(keep, compile=False)
+
+
+def run_plan(rank: int, world: int) -> dict[str, Any]:
+    """Planned transfers on 6 ranks; every rank builds every mesh (collective setup)."""
+    from _dist_tc import Pair
+
+    res: dict[str, Any] = {}
+    lap = Laps()
+    m_2x2 = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    m_45 = DeviceMesh("cpu", [4, 5])
+    m_01 = DeviceMesh("cpu", [0, 1])
+    m_23 = DeviceMesh("cpu", [2, 3])
+    m_0123 = DeviceMesh("cpu", [0, 1, 2, 3])
+    m_34 = DeviceMesh("cpu", [3, 4])
+    m_12 = DeviceMesh("cpu", [1, 2])
+    m_4 = DeviceMesh("cpu", [4])
+    lap("meshes")
+    full = mixed_full()
+    res["leaves"] = len(list(full.leaves()))
+    res["dtypes"] = sorted({str(x.dtype) for x in full.leaves()})
+
+    # --- A. 4+2 disjoint, [2, 2] (S0, S1) -> [2] (S1): a reusable Transfer, compiled ---
+    counter = torch._dynamo.testing.CompileCounterWithBackend("eager")
+    if rank < 4:
+        src = tdd.distribute(full, m_2x2, _two_d, src_data_rank=None)
+        sync = tdd.Transfer(m_2x2, m_45.mesh.tolist(), like=src, backend=counter)
+        sent = [sync.send(src)]
+        src2 = tdd.distribute(full.apply(lambda x: x + 1 if x.dtype != torch.bool else ~x), m_2x2, _two_d, src_data_rank=None)
+        sent.append(sync.send(src2))
+        res["A_sent"] = sent
+        res["A_frames"] = counter.frame_count
+        res["A_full_ok"] = all(
+            torch.equal(a, b)
+            for a, b in zip(
+                tdd.full_tensor(_float_only(src), compile=False).leaves(),
+                _float_only(full).leaves(),
+            )
+        )
+    else:
+        sync = tdd.Transfer(m_2x2, m_45, _last, backend=counter)
+        got = sync.recv()
+        res["A_check"] = _check_received(got, full, m_45)
+        res["A_placements"] = str(got["layer0", "w"].placements)
+        res["A_batch"] = list(got.batch_size)
+        got2 = sync.recv()
+        full2 = full.apply(lambda x: x + 1 if x.dtype != torch.bool else ~x)
+        res["A_check2"] = _check_received(got2, full2, m_45)
+        res["A_frames"] = counter.frame_count
+        ff = _float_full(got2)
+        res["A_full_tensor"] = all(
+            torch.equal(ff[k], full2[k]) for k in ff.keys(include_nested=True, leaves_only=True)
+        )
+        res["A_type"] = type(got).__name__
+    res["A_bytes"] = [sync.bytes.total, sync.bytes.messages, dict(sync.bytes.sent)]
+    lap("A 4+2 disjoint")
+
+    # --- B. 2+2 disjoint: [0, 1] (S0) -> [2, 3] (S(last)), one-shot send / recv ---
+    if rank < 2:
+        src = tdd.distribute(full, m_01, [Shard(0)], src_data_rank=None)
+        res["B_sent"] = tdd.send(src, m_23, compile=False)
+    elif rank < 4:
+        got = tdd.recv(m_01, mesh=m_23, placements=_last, compile=False)
+        res["B_check"] = _check_received(got, full, m_23)
+        res["B_placements"] = str(got["layer1", "w"].placements)
+    lap("B 2+2 disjoint")
+
+    # --- C. 4+2 overlapping: [0, 1, 2, 3] (S0) -> [3, 4] (S(last)); rank 3 sends and receives
+    if rank < 4:
+        src = tdd.distribute(full, m_0123, [Shard(0)], src_data_rank=None)
+    if rank in (0, 1, 2):
+        res["C_sent"] = tdd.send(src, m_34, compile=False)
+    elif rank in (3, 4):
+        got = tdd.recv(
+            m_0123, mesh=m_34, placements=_last, source=src if rank == 3 else None, compile=False
+        )
+        res["C_check"] = _check_received(got, full, m_34)
+    lap("C 4+2 overlapping")
+
+    # --- D. 2+2 overlapping: [0, 1] (S0) -> [1, 2] (S(last)); one recv call on every rank
+    if rank < 3:
+        src = tdd.distribute(full, m_01, [Shard(0)], src_data_rank=None) if rank < 2 else None
+        got = tdd.recv(m_01, mesh=m_12, placements=_last, source=src, compile=False)
+        res["D_none_on_pure_sender"] = got is None if rank == 0 else None
+        if rank in (1, 2):
+            res["D_check"] = _check_received(got, full, m_12)
+    lap("D 2+2 overlapping")
+
+    # --- E. replicated and partial sources, partial targets; a tensorclass; plain leaves ---
+    small = tdfunc.TensorDict(
+        r=reference_full((8, 6), 1),
+        p=reference_full((6, 4), 2),
+        q=reference_full((4,), 3, torch.float64),
+        plain=torch.arange(5),
+    )
+    if rank < 4:
+        parts = {
+            "r": distribute_tensor(small["r"], m_2x2, [Replicate(), Shard(0)], src_data_rank=None),
+            "p": make_source(small["p"], m_2x2, (Partial(), Shard(1)), 0),
+            "q": make_source(small["q"], m_2x2, (Partial(), Partial()), 0),
+            "plain": small["plain"],
+        }
+        src = tdfunc.TensorDict(parts)
+        res["E_sent"] = tdd.send(src, m_45, compile=False)
+    else:
+        got = tdd.recv(
+            m_2x2,
+            mesh=m_45,
+            placements={"r": [Shard(0)], "p": [Partial()], "q": [Replicate()]},
+            compile=False,
+        )
+        ff = tdd.full_tensor(got.exclude("plain"), compile=False)
+        res["E_values"] = max((ff[k] - small[k]).abs().max().item() for k in ("r", "p", "q"))
+        res["E_plain"] = got["plain"].tolist()
+        res["E_plain_type"] = type(got["plain"]).__name__
+        res["E_partial_local"] = float(got["p"].to_local().abs().sum())
+    if rank < 2:
+        p = Pair(x=reference_full((4, 2), 1), y=reference_full((4,), 2), batch_size=[4])
+        tdd.send(tdd.distribute(p, m_01, [Shard(0)]), m_4, compile=False)
+    elif rank == 4:
+        tc = tdd.recv(m_01, mesh=m_4, placements=[Replicate()], compile=False)
+        res["E_tc"] = [type(tc).__name__, list(tc.batch_size), torch.equal(tc.x.to_local(), reference_full((4, 2), 1))]
+    lap("E replicated / partial")
+
+    # --- F. mismatches: ValueError on both sides, never a hang ---
+    probe = tdfunc.TensorDict(w=reference_full((4, 6), 7))
+    if rank < 2:
+        src = tdd.distribute(probe, m_01, [Shard(0)])
+        res["F_expect"] = caught(lambda: tdd.send(src, m_23, placements=[Shard(0)], compile=False))
+        res["F_disagree"] = caught(lambda: tdd.send(src, m_23, compile=False))
+        doubled = tdd.distribute(probe.apply(lambda x: x.double()), m_01, [Shard(0)])
+        bad = src if rank == 0 else doubled
+        res["F_layout"] = caught(lambda: tdd.send(bad, m_23, compile=False))
+        res["F_strategy"] = caught(lambda: tdd.send(src, m_23, strategy="full", compile=False))
+        res["F_key"] = caught(lambda: tdd.send(src, m_23, compile=False))
+        sync = tdd.Transfer(m_01, m_23, like=src, compile=False)
+        res["F_step_ok"] = sync.send(src) > 0
+        wider = tdd.distribute(probe.set("w", reference_full((4, 7), 7)), m_01, [Shard(0)])
+        wrong = src if rank == 1 else wider
+        res["F_step"] = caught(lambda: sync.send(wrong))
+        res["F_after"] = sync.send(src) > 0
+    elif rank < 4:
+        res["F_expect"] = caught(lambda: tdd.recv(m_01, mesh=m_23, placements=[Shard(1)], compile=False))
+        mine = [Shard(1)] if rank == 2 else [Replicate()]
+        res["F_disagree"] = caught(lambda: tdd.recv(m_01, mesh=m_23, placements=mine, compile=False))
+        res["F_layout"] = caught(lambda: tdd.recv(m_01, mesh=m_23, placements=[Shard(1)], compile=False))
+        res["F_strategy"] = caught(lambda: tdd.recv(m_01, mesh=m_23, placements=[Shard(1)], compile=False))
+        spec = {"nope": [Shard(0)]} if rank == 3 else [Shard(0)]
+        res["F_key"] = caught(lambda: tdd.recv(m_01, mesh=m_23, placements=spec, compile=False))
+        sync = tdd.Transfer(m_01, m_23, [Shard(1)], compile=False)
+        res["F_step_ok"] = _check_received(sync.recv(), probe, m_23)["wrong"] == []
+        res["F_step"] = caught(sync.recv)
+        res["F_after"] = _check_received(sync.recv(), probe, m_23)["wrong"] == []
+    # a rank in both meshes that calls send instead of recv(..., source=)
+    if rank < 3:
+        src = tdd.distribute(probe, m_01, [Shard(0)]) if rank < 2 else None
+        if rank < 2:
+            res["F_role"] = caught(lambda: tdd.send(src, m_12, compile=False))
+        else:
+            res["F_role"] = caught(lambda: tdd.recv(m_01, mesh=m_12, placements=[Shard(0)]))
+    res["F_no_dtensor"] = caught(lambda: tdd.send(probe, m_12))
+    res["F_outside"] = caught(lambda: tdd.recv(m_01, mesh=m_23, placements=[Shard(0)]))
+    lap("F mismatches")
+    dist.barrier()
+    # last: a receiver whose sender never sends times out naming it (the others wait quietly:
+    # with gloo, the timeout closes the receiver's connections)
+    if rank == 4:
+        res["G_timeout"] = caught(
+            lambda: tdd.recv(m_01, mesh=m_45, placements=[Shard(0)], timeout=1.0)
+        )
+    else:
+        time.sleep(3.0)
+    res["laps"] = lap.times
+    return res
+
+
+def _float_only(td: Any) -> Any:
+    keep = [
+        k
+        for k, v in td.items(include_nested=True, leaves_only=True)
+        if v.dtype in (torch.float32, torch.float64)
+    ]
+    return td.select(*keep)
+
+
+# --------------------------------------------------------------------------------------
+# started by torchrun (python -m torch.distributed.run --standalone --nproc-per-node 4)
+# --------------------------------------------------------------------------------------
+def run_torchrun(out_dir: str) -> None:
+    """A process group started the standard way (``env://``): a reusable 2+2 transfer over
+    three steps, then an overlapping one-shot transfer; each rank writes its results as
+    JSON to ``out_dir/rank<r>.json``."""
+    import datetime
+    import json
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    res: dict[str, Any] = {"rank": rank, "world": world}
+    m_01 = DeviceMesh("cpu", [0, 1])
+    m_23 = DeviceMesh("cpu", [2, 3])
+    m_all = DeviceMesh("cpu", [[0, 1], [2, 3]])
+    m_12 = DeviceMesh("cpu", [1, 2])
+    full = mixed_full(3)
+    steps = []
+    if rank < 2:
+        sync = tdd.Transfer(m_01, m_23, like=tdd.distribute(full, m_01, [Shard(0)]))
+        for step in range(3):
+            src = tdd.distribute(full.apply(lambda x, s=step: _bump(x, s)), m_01, [Shard(0)])
+            steps.append(sync.send(src))
+    else:
+        sync = tdd.Transfer(m_01, m_23, _last)
+        for step in range(3):
+            got = sync.recv()
+            steps.append(_check_received(got, full.apply(lambda x, s=step: _bump(x, s)), m_23))
+    res["steps"] = steps
+    res["bytes"] = sync.bytes.total
+    src = tdd.distribute(full, m_all, _two_d, src_data_rank=None)
+    got = tdd.recv(m_all, mesh=m_12, placements=[Replicate()], source=src, compile=False)
+    res["overlap"] = None if got is None else _check_received(got, full, m_12)
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(res, f)
+
+
+def _bump(x: torch.Tensor, step: int) -> torch.Tensor:
+    """New values for each step (bool leaves flip)."""
+    if x.dtype == torch.bool:
+        return x ^ (step % 2 == 1)
+    return x + step
+
+
+if __name__ == "__main__":
+    import sys
+
+    run_torchrun(sys.argv[1])

@@ -56,7 +56,11 @@ from . import _plan as plan_mod
 from . import _transfer as wire
 from ._agree import agreed_plan, check, placements_of, reject
 from ._mesh import check_node, common_mesh, describe_mesh, rebatch
+from . import _cross as cross
+from . import _xplan as xplan
 from ._placements import PlacementSpec, normalize, resolve
+from ._sync import Transfer
+from ._xplan import Traffic, TransferPlan, transfer_plan
 
 #: a container type (TensorDict or a tensorclass): functions return the type they are given
 T = TypeVar("T", bound=Node)
@@ -520,6 +524,8 @@ def _reason(e: BaseException) -> str:
 
 def _outgoing(td: Any, strategy: str, compile: bool, backend: Any) -> wire.Outgoing:
     check_node(td, "send")
+    if strategy == "plan":
+        raise ValueError(E.PLAN_NEEDS_MESH)
     if strategy not in wire.STRATEGIES:
         raise ValueError(E.BAD_STRATEGY.format(strategy=strategy))
     pairs, _, mesh = _dtensor_pairs(td, "send")
@@ -536,40 +542,59 @@ def _outgoing(td: Any, strategy: str, compile: bool, backend: Any) -> wire.Outgo
     return wire.describe(td, pairs, payload, sources, strategy, mesh)
 
 
+def _is_rank(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def send(
     td: Any,
-    dst: int,
+    dst: Any,
     *,
     group: dist.ProcessGroup | None = None,
-    strategy: str = "local",
+    strategy: str = "auto",
+    placements: PlacementSpec | None = None,
     compile: bool = True,
     backend: Any = DEFAULT_BACKEND,
     timeout: float | None = DEFAULT_TIMEOUT,
 ) -> int:
-    """Send a (sharded) container to global rank ``dst``; the peer calls :func:`recv`.
+    """Send a (sharded) container to global rank ``dst``, or to every rank of mesh ``dst``
+    along a transfer plan; the peers call :func:`recv`.
 
-    Each rank of the sending mesh calls ``send`` with its own peer. Three point-to-point
-    messages per peer whatever the number of leaves: a small header, the peer's reply (so a
-    pairing that does not fit raises ``ValueError`` on both sides instead of hanging), and one
-    consolidated uint8 message with JSON metadata (key paths, container types, dtypes, global
-    and local shapes, placements encoded structurally, the source mesh shape and dim names)
-    followed by the leaves' bytes.
+    Each rank of the sending mesh calls ``send``. With a receiving *mesh* (strategy
+    ``"plan"``, what ``"auto"`` picks), the ranks of both meshes first agree on the layout
+    and the target placements (the receivers give them), then each sender packs every slice
+    it owes each receiver into one message per (sender, receiver) pair: only the bytes each
+    receiver needs travel, replicated sources spread the reads, ``Partial`` sources are
+    all-reduced on the sending mesh first (see :class:`Transfer`, :func:`transfer_plan`).
+    A rank that is in both meshes calls :func:`recv` with ``source=`` instead.
+
+    With a receiving *rank*, three point-to-point messages per peer whatever the number of
+    leaves: a small header, the peer's reply (so a pairing that does not fit raises
+    ``ValueError`` on both sides instead of hanging), and one consolidated uint8 message with
+    JSON metadata (key paths, container types, dtypes, global and local shapes, placements
+    encoded structurally, the source mesh shape and dim names) followed by the leaves' bytes.
 
     Args:
         td: a TensorDict or tensorclass; DTensor leaves must share one mesh that includes this
             rank; plain tensor leaves and nested containers travel too.
-        dst: the receiving global rank.
+        dst: the receiving global rank, or the receiving mesh (a ``DeviceMesh`` or its rank
+            array).
         group: the process group carrying the messages (default: the world).
-        strategy: ``"local"``: ship only this rank's local shards; the receiving mesh must
-            have the source mesh's shape and ``dst`` the same coordinate in it. No full tensor
-            is built. ``"full"``: gather full tensors over the sending mesh first (a collective
-            over it), then ship them; any receiving mesh fits.
-        compile, backend: for the gather of ``strategy="full"`` (see :func:`full_tensor`).
+        strategy: ``"auto"``: ``"plan"`` for a receiving mesh, ``"local"`` for a rank.
+            ``"plan"``: see above. ``"local"``: ship only this rank's local shards; the
+            receiving mesh must have the source mesh's shape and ``dst`` the same coordinate
+            in it. No full tensor is built. ``"full"``: gather full tensors over the sending
+            mesh first (a collective over it), then ship them; any receiving mesh fits.
+        placements: with a receiving mesh, the target placements this sender expects
+            (optional: the receivers give them; a difference raises ``ValueError`` on every
+            rank).
+        compile, backend: for the packing graphs of ``"plan"`` and the gather of ``"full"``
+            (see :func:`full_tensor`).
         timeout: seconds each step waits for the peer (:data:`DEFAULT_TIMEOUT`, 120 s, by
             default; ``None``: the process group's timeout).
 
     Returns:
-        The size in bytes of the consolidated message.
+        The size in bytes of what this rank sent (consolidated messages).
 
     Raises:
         ValueError: a bad strategy, leaves on different meshes, or a receiver that rejected
@@ -580,55 +605,88 @@ def send(
             ConnectionError: the receiver died.
 
     Example:
-        One function runs on every rank (the complete program is
-        ``examples/dtensor_transfer.py``). Ranks 0 and 1 (mesh A) send to ranks 2 and 3
+        One function runs on every rank (complete programs: ``examples/dtensor_transfer.py``,
+        ``examples/weight_sync.py``). Ranks 0 and 1 (mesh A) send to ranks 2 and 3
         (mesh B)::
 
             def rank_main(rank, world):
                 mesh_a, mesh_b = DeviceMesh("cpu", [0, 1]), DeviceMesh("cpu", [2, 3])
                 if rank < 2:
                     sharded = distribute(params, mesh_a, [Shard(0)])
-                    return send(sharded, dst=rank + 2)  # bytes sent
-                td = recv(src=rank - 2, mesh=mesh_b, placements=[Replicate()])
+                    return send(sharded, mesh_b)  # bytes sent
+                td = recv(mesh_a, mesh=mesh_b, placements=[Shard(1)])
                 return full_tensor(td)
 
-            launch(rank_main, 4)  # one process per rank
+            launch(rank_main, 4)  # one process per rank (tdfunc.testing.launch)
     """
     _check_timeout(timeout)
-    link = wire.Peer("send", dist.get_rank(), dst, group, wire.comm_device(group), timeout)
-    try:
-        out = _outgoing(td, strategy, compile, backend)
-    except (TypeError, ValueError, KeyError) as e:
-        wire.send_error(_reason(e), link)
-        raise
-    return wire.send_outgoing(out, link)
+    if _is_rank(dst):
+        link = wire.Peer("send", dist.get_rank(), dst, group, wire.comm_device(group), timeout)
+        try:
+            if placements is not None:
+                raise ValueError(E.PLAN_NEEDS_MESH)
+            out = _outgoing(td, "local" if strategy == "auto" else strategy, compile, backend)
+        except (TypeError, ValueError, KeyError) as e:
+            wire.send_error(_reason(e), link)
+            raise
+        return wire.send_outgoing(out, link)
+    error: BaseException | None = None
+    if strategy not in ("auto", "plan"):
+        known = strategy in wire.STRATEGIES
+        error = ValueError(
+            E.PLAN_STRATEGY.format(strategy=strategy)
+            if known
+            else E.BAD_STRATEGY.format(strategy=strategy)
+        )
+    check_node(td, "send")
+    mesh = common_mesh(leaves_with_paths(td))
+    if mesh is None:
+        raise ValueError(E.PLAN_NO_DTENSOR.format(op="send"))
+    t = Transfer._one_shot(
+        "send", mesh, dst, placements, td, group, compile, backend, timeout, error
+    )
+    return t.send(td)
 
 
 def recv(
-    src: int,
+    src: Any,
     *,
     group: dist.ProcessGroup | None = None,
     mesh: DeviceMesh | None = None,
     placements: PlacementSpec | None = None,
+    source: Any = None,
     compile: bool = True,
     backend: Any = DEFAULT_BACKEND,
     timeout: float | None = DEFAULT_TIMEOUT,
 ) -> Any:
-    """Receive what global rank ``src`` sent with :func:`send`; return the same container type.
+    """Receive what global rank ``src`` (or every rank of mesh ``src``) sent with
+    :func:`send`; return the same container type.
 
-    With ``strategy="local"`` the shards become DTensors on ``mesh`` (``DTensor.from_local``
-    with the source placements and global shapes); with ``"full"`` they become replicated
-    DTensors on ``mesh``, or plain tensors when ``mesh`` is None. When ``placements`` is given
-    the result is then redistributed on ``mesh`` in one compiled graph (a collective over the
-    receiving mesh: every receiving rank must ask for the same placements). Plain leaves stay
-    plain.
+    From a sending *mesh* (a planned transfer, see :func:`send`): every rank of the receiving
+    ``mesh`` calls ``recv`` with the target ``placements``; the result's leaves are DTensors
+    on ``mesh`` with those placements (plain leaves stay plain), built from exactly the
+    slices this rank needs. A rank in both meshes passes its own container as ``source``:
+    it sends its part, copies what it already holds, and receives the rest. (Ranks of the
+    sending mesh only may call ``recv(..., source=td)`` too: it sends and returns None, so
+    one call can serve every rank.)
+
+    From a sending *rank*: with ``strategy="local"`` the shards become DTensors on ``mesh``
+    (``DTensor.from_local`` with the source placements and global shapes); with ``"full"``
+    they become replicated DTensors on ``mesh``, or plain tensors when ``mesh`` is None.
+    When ``placements`` is given the result is then redistributed on ``mesh`` in one compiled
+    graph (a collective over the receiving mesh: every receiving rank must ask for the same
+    placements). Plain leaves stay plain.
 
     Args:
-        src: the sending global rank.
+        src: the sending global rank, or the sending mesh (a ``DeviceMesh`` or its rank
+            array).
         group: the process group carrying the messages (default: the world).
         mesh: the receiving DeviceMesh (needed for DTensor leaves sent with ``"local"``: same
-            shape as the sender's mesh, this rank at the sender's coordinate).
-        placements: target placements, as in :func:`redistribute`.
+            shape as the sender's mesh, this rank at the sender's coordinate; and from a
+            sending mesh).
+        placements: target placements, as in :func:`redistribute` (required from a sending
+            mesh).
+        source: from a sending mesh, on a rank that is in it too: the container it sends.
         compile, backend: see :func:`redistribute`.
         timeout: seconds each step waits for the sender (:data:`DEFAULT_TIMEOUT`, 120 s, by
             default; ``None``: the process group's timeout).
@@ -636,7 +694,8 @@ def recv(
     Raises:
         ValueError: the pairing does not fit (also raised on the sender), placements without a
             mesh or of the wrong length, a shard dim past a leaf's ndim; a bad ``timeout``
-            (raised before anything is received).
+            (raised before anything is received). From a sending mesh: anything the ranks do
+            not agree on, on every rank (see :class:`Transfer`).
         TimeoutError: no transfer from ``src`` within ``timeout`` (also when ``src`` sent
             something else than a :func:`send`: a plain ``dist.send`` never lands in a
             transfer); ConnectionError: the sender died. The message names ``src`` and the
@@ -644,9 +703,16 @@ def recv(
 
     Example:
         See :func:`send`: the same ``rank_main`` runs :func:`send` on mesh A and this function on
-        mesh B (complete program: ``examples/dtensor_transfer.py``).
+        mesh B (complete programs: ``examples/dtensor_transfer.py``, ``examples/weight_sync.py``).
     """
     _check_timeout(timeout)
+    if not _is_rank(src):
+        if mesh is None:
+            raise TypeError(E.PLAN_DST_MESH.format(rank=dist.get_rank(), typ="NoneType"))
+        t = Transfer._one_shot(
+            "recv", src, mesh, placements, source, group, compile, backend, timeout, None
+        )
+        return t(source)
     link = wire.Peer("recv", dist.get_rank(), src, group, wire.comm_device(group), timeout)
     inc = wire.receive(link, mesh, placements)
     leaves: list[Tensor] = []
@@ -687,6 +753,10 @@ def cache_clear() -> None:
     plan_mod.compiled.cache_clear()
     plan_mod.cached_plan.cache_clear()
     agreed_plan.cache_clear()
+    xplan.plan_for.cache_clear()
+    for fn in (cross.send_side, cross.recv_side, cross.compiled_pack, cross.compiled_unpack):
+        fn.cache_clear()
+    cross._specs.cache_clear()
 
 
 def _late(module: str, name: str) -> Callable[[], Any]:
@@ -695,13 +765,17 @@ def _late(module: str, name: str) -> Callable[[], Any]:
 
 
 _TEST_HELPER = "tdfunc.distributed._launch.{} (a test helper, not part of the API)"
+_TESTING = "tdfunc.testing.{} (the test launcher)"
 _CODEC = "send / recv, which encode placements themselves (tdfunc.distributed._placements.{})"
 
 #: names that left the public API: deprecated aliases for one release
 __getattr__ = _deprecate.module_getattr(
     __name__,
     {
-        **{n: (_late("._launch", n), _TEST_HELPER.format(n)) for n in _LAUNCH},
+        **{
+            n: (_late("._launch", n), (_TESTING if n != "free_port" else _TEST_HELPER).format(n))
+            for n in _LAUNCH
+        },
         **{n: (_late("._placements", n), _CODEC.format(n)) for n in _CODECS},
     },
 )
@@ -709,6 +783,9 @@ __getattr__ = _deprecate.module_getattr(
 __all__ = [
     "DEFAULT_BACKEND",
     "DEFAULT_TIMEOUT",
+    "Traffic",
+    "Transfer",
+    "TransferPlan",
     "cache_clear",
     "distribute",
     "from_local",
@@ -717,4 +794,5 @@ __all__ = [
     "redistribute",
     "send",
     "to_local",
+    "transfer_plan",
 ]

@@ -40,7 +40,7 @@ UNENCODABLE_PLACEMENT = (
     "key {key}: placement {placement!r} of type {typ} has no structured encoding; "
     "only Shard, Replicate and Partial travel"
 )
-BAD_STRATEGY = "strategy must be 'local' or 'full', got {strategy!r}"
+BAD_STRATEGY = "strategy must be 'auto', 'plan', 'local' or 'full', got {strategy!r}"
 MESH_MISMATCH = (
     "sender rank {src} (coordinate {src_coord} in a mesh of shape {src_shape}) and receiver "
     "rank {dst} (coordinate {dst_coord} in a mesh of shape {dst_shape}) do not fit: "
@@ -72,6 +72,87 @@ UNKNOWN_NODE_TYPE = (
     "import the module defining it before calling recv()"
 )
 MESH_TOO_LARGE = "meshes with more than {max} dims cannot be sent (got {ndim})"
+
+# --------------------------------------------------------------------------------------
+# transfer plans (strategy "plan", Transfer, transfer_plan)
+# --------------------------------------------------------------------------------------
+BAD_GRID_TYPE = (
+    "a mesh must be a DeviceMesh or its rank array (nested lists or an integer tensor of "
+    "global ranks), got {typ}"
+)
+BAD_GRID = "a mesh's rank array must be non-empty with distinct ranks >= 0, got {ranks}"
+PLAN_PLACEMENT = (
+    "key {key}: placement {placement!r} cannot be planned; a transfer plan moves Shard, "
+    "Replicate and Partial with reduce op in {ops}"
+)
+PLAN_SHAPES = (
+    "shapes must be a mapping from key paths to shapes, a sequence of shapes, or a "
+    "TensorDict / tensorclass, got {typ}"
+)
+PLAN_DTYPES = "{n} dtype(s) given for {leaves} leaves"
+PLAN_NO_DTENSOR = (
+    "{op}: a planned transfer needs DTensor leaves (their mesh is the sending mesh); "
+    "distribute the container first"
+)
+PLAN_NOT_IN = (
+    "rank {rank} is in neither mesh of the transfer {src} -> {dst}; only their ranks take part"
+)
+PLAN_ROLE_RECV = (
+    "rank {rank} is in the receiving mesh {mesh}, so it must receive too: call "
+    "recv(src_mesh, mesh=..., placements=..., source=td) (or a Transfer's __call__), which "
+    "also sends its part"
+)
+PLAN_ROLE_SOURCE = (
+    "rank {rank} is in the sending mesh {mesh} but gave no container to send; pass it "
+    "(recv(..., source=td); Transfer(..., like=td), then transfer(td) or transfer.send(td))"
+)
+PLAN_SRC_MESH = (
+    "rank {rank}: the container's DTensors live on {mesh}, not on the sending mesh {src} "
+    "given to the transfer"
+)
+PLAN_NO_PLACEMENTS = (
+    "rank {rank} receives in {op}() but gave no target placements; pass placements=..."
+)
+PLAN_DST_MESH = (
+    "rank {rank} receives, so the receiving mesh must be a DeviceMesh (its DTensors live on "
+    "it), got {typ}"
+)
+PLAN_MESH_DIFFERS = (
+    "rank {rank} expects the transfer between meshes {mine}, but rank {leader} (the sending "
+    "mesh's first rank) sends between {theirs}; every rank must name the same two meshes"
+)
+PLAN_LAYOUT_DIFFERS = (
+    "rank {rank} sends a container that differs from rank {leader}'s in the {what}; every "
+    "sending rank must pass the same keys, global shapes, dtypes and placements"
+)
+PLAN_REJECTED = "{op}: rank(s) {ranks} rejected the transfer: {reason}"
+PLAN_DISAGREE = (
+    "{op}: rank {rank} asks for placements {mine} for key {key} but rank {other} asks for "
+    "{theirs}; every rank of the transfer must ask for the same target placements"
+)
+PLAN_NO_TARGETS = "{op}: no rank of the transfer gave target placements"
+PLAN_LEADER_FAILED = (
+    "{op}: rank {leader} (the sending mesh's first rank) rejected the transfer: {reason}"
+)
+PLAN_HINT = (
+    "check that rank {peer} takes part in the same transfer (send / recv / Transfer with the "
+    "same two meshes), or pass a larger timeout="
+)
+PLAN_OUT_OF_STEP = (
+    "rank {dst} received step {got} of the transfer from rank {src} while at step {step}; "
+    "every rank must run every step of a Transfer"
+)
+PLAN_STEP_LAYOUT = (
+    "rank {rank}: the container differs from the one the transfer was planned for in the "
+    "{what}; build a new Transfer for a new layout"
+)
+PLAN_STRATEGY = (
+    "strategy {strategy!r} sends to one rank (pass dst as an int); a receiving mesh takes "
+    "strategy 'plan' or 'auto'"
+)
+PLAN_NEEDS_MESH = (
+    "strategy 'plan' needs the receiving mesh: pass dst as a DeviceMesh or its rank array"
+)
 
 # --------------------------------------------------------------------------------------
 # agreement between the ranks of a mesh

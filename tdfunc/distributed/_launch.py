@@ -301,17 +301,19 @@ def launch(
         for r, (_, w) in enumerate(pipes)
     ]
     readers = {reader: r for r, (reader, _) in enumerate(pipes)}
+    started = []
     try:
         for p in procs:
             p.start()
+            started.append(p)
         for _, w in pipes:
             w.close()  # the ranks hold the only write ends: a dead rank gives EOF, not a hang
         _wait(run, procs, readers, timeout, grace)
     finally:
-        for p in procs:
+        for p in started:
             if p.is_alive():
                 p.kill()
-        for p in procs:
+        for p in started:
             p.join(timeout=5.0)
         for reader in readers:
             reader.close()

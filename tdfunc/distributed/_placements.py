@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from torch import Tensor
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -22,6 +21,17 @@ PlacementSpec = (
     | Callable[[KeyPath, Tensor], Sequence[Placement] | None]
 )
 Placements = tuple[Placement, ...]
+
+
+class MeshShape(Protocol):
+    """What placement checks read from a mesh: a ``DeviceMesh`` or a rank array
+    (:class:`~._xplan.Grid`)."""
+
+    @property
+    def ndim(self) -> int: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
 
 
 # --------------------------------------------------------------------------------------
@@ -95,7 +105,7 @@ def decode_placements(objs: Sequence[Any]) -> Placements:
 # --------------------------------------------------------------------------------------
 # validation and resolution
 # --------------------------------------------------------------------------------------
-def normalize(key: KeyPath, placements: Any, shape: Sequence[int], mesh: DeviceMesh) -> Placements:
+def normalize(key: KeyPath, placements: Any, shape: Sequence[int], mesh: MeshShape) -> Placements:
     """Check ``placements`` for a leaf of ``shape`` on ``mesh``; negative shard dims wrap."""
     if not isinstance(placements, Sequence) or isinstance(placements, str):
         raise TypeError(E.PLACEMENTS_SPEC.format(typ=type(placements).__name__))

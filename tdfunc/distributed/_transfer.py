@@ -178,11 +178,11 @@ def _text(t: Tensor) -> str:
     return t.cpu().numpy().tobytes().decode("utf-8")
 
 
-def _recv_text(n: int, link: Peer, step: str) -> str:
+def _recv_text(n: int, link: Peer, step: str, tag: int = TEXT_TAG) -> str:
     if n <= 0:
         return ""
     t = torch.empty(n, dtype=torch.uint8, device=link.device)
-    link.recv(t, TEXT_TAG, step)
+    link.recv(t, tag, step)
     return _text(t)
 
 

@@ -1,0 +1,376 @@
+"""tdfunc.distributed.transfer_plan: the pure planner of cross-mesh transfers (no processes).
+
+Each plan is checked by simulating every rank of both meshes in this process: the sources'
+local shards are cut from a full tensor with torch's own DTensor shard arithmetic
+(``_compute_local_shape_and_global_offset``), every piece of the plan is copied from its
+sender's shard into its receiver's, and each receiver must end with exactly its target
+shard, every element written exactly once, while the bytes on the wire equal the minimum
+(the target bytes each receiver does not already hold).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+import tdfunc
+from tdfunc.distributed import _errors as E
+from tdfunc.distributed import transfer_plan
+from tdfunc.distributed._xplan import Grid, as_grid, plan_for
+
+
+# --------------------------------------------------------------------------------------
+# the oracle
+# --------------------------------------------------------------------------------------
+def _torch_box(
+    shape: tuple[int, ...], mesh_shape: tuple[int, ...], coord: tuple[int, ...], pls: Any
+) -> tuple[slice, ...]:
+    """The slice of the global tensor a rank holds, by torch's DTensor arithmetic."""
+    plain = [Replicate() if isinstance(p, Partial) else p for p in pls]
+    local, offset = _compute_local_shape_and_global_offset(
+        shape, mesh_shape, list(coord), plain
+    )
+    return tuple(slice(o, o + n) for o, n in zip(offset, local))
+
+
+def _coords(g: Grid) -> list[tuple[int, ...]]:
+    return list(itertools.product(*[range(m) for m in g.shape]))
+
+
+def check_plan(plan: Any) -> dict[str, int]:
+    """Simulate ``plan`` on every rank; assert exact coverage and minimal bytes."""
+    sg, dg = plan.src_mesh, plan.dst_mesh
+    minimum = 0
+    # messages: one per pair, never to oneself, pieces packed back to back, dtype-aligned
+    pairs = [(m.src, m.dst) for m in plan.messages]
+    assert len(pairs) == len(set(pairs))
+    assert pairs == sorted(pairs)
+    for m in plan.messages:
+        assert m.src != m.dst
+        assert m.src in sg.ranks
+        assert m.dst in dg.ranks
+        off = 0
+        for p in m.pieces:
+            assert (p.src, p.dst) == (m.src, m.dst)
+            assert p.offset == off
+            assert p.offset % plan.leaves[p.leaf].dtype.itemsize == 0
+            assert p.nbytes > 0
+            off += p.nbytes
+        assert off == m.nbytes
+    for r, ps in plan.local.items():
+        assert r in sg.ranks
+        assert r in dg.ranks
+        assert all(p.src == p.dst == r for p in ps)
+    for li, spec in enumerate(plan.leaves):
+        shape = spec.shape
+        full = torch.arange(1, math.prod(shape) + 1, dtype=torch.float64).reshape(shape)
+        src_pls = spec.reduced or spec.src
+        src_local = {
+            sg.rank_at(c): full[_torch_box(shape, sg.shape, c, src_pls)] for c in _coords(sg)
+        }
+        for e in _coords(dg):
+            d = dg.rank_at(e)
+            sl = _torch_box(shape, dg.shape, e, spec.dst)
+            zero = any(
+                isinstance(p, Partial) and p.reduce_op == "sum" and c != 0
+                for p, c in zip(spec.dst, e)
+            )
+            expected = torch.zeros_like(full[sl]) if zero else full[sl]
+            assert plan.target(li, d) == (tuple(expected.shape), zero)
+            got = torch.zeros_like(expected)
+            count = torch.zeros_like(expected)
+            pieces = [p for m in plan.receives(d) for p in m.pieces] + list(plan.local.get(d, ()))
+            for p in pieces:
+                if p.leaf != li:
+                    continue
+                assert p.nbytes == math.prod(p.size) * spec.dtype.itemsize
+                src = src_local[p.src][
+                    tuple(slice(a, a + n) for a, n in zip(p.src_start, p.size))
+                ]
+                where = tuple(slice(a, a + n) for a, n in zip(p.dst_start, p.size))
+                got[where] += src
+                count[where] += 1
+            if zero:
+                assert count.sum().item() == 0
+                continue
+            assert torch.equal(count, torch.ones_like(count)), (spec, d, count)
+            assert torch.equal(got, expected)
+            # the minimum: what this receiver needs and does not hold as a sender
+            held = 0
+            own = sg.coord(d)
+            if own is not None:
+                mine = torch.zeros(shape, dtype=torch.bool)
+                mine[_torch_box(shape, sg.shape, own, src_pls)] = True
+                held = int(mine[sl].sum())
+            minimum += (expected.numel() - held) * spec.dtype.itemsize
+    assert plan.bytes.total == minimum
+    assert plan.bytes.messages == len(plan.messages)
+    assert sum(plan.bytes.sent.values()) == sum(plan.bytes.received.values()) == minimum
+    return {"bytes": plan.bytes.total, "messages": plan.bytes.messages}
+
+
+# --------------------------------------------------------------------------------------
+# a grid of layouts
+# --------------------------------------------------------------------------------------
+MESHES = {
+    "1": [0],
+    "2": [0, 1],
+    "3": [0, 1, 2],
+    "4": [0, 1, 2, 3],
+    "2x2": [[0, 1], [2, 3]],
+    "1x3": [[0, 1, 2]],
+}
+SHAPES = {"even": (8, 12), "uneven": (5, 7), "tiny": (1, 3), "vec": (6,), "scalar": ()}
+
+
+def _placements(ndim_mesh: int, ndim: int) -> list[tuple[Any, ...]]:
+    one: list[Any] = [Replicate(), Partial()]
+    one += [Shard(d) for d in range(ndim)]
+    return list(itertools.product(one, repeat=ndim_mesh))
+
+
+def _grid_cases() -> list[Any]:
+    cases = []
+    meshes = list(MESHES)
+    for src_name, dst_name in itertools.product(meshes, meshes):
+        for disjoint in (False, True):
+            src = as_grid(MESHES[src_name])
+            dst = as_grid(MESHES[dst_name])
+            if disjoint:
+                dst = Grid(dst.shape, tuple(r + 10 for r in dst.ranks))
+            cases.append((src_name, dst_name, src, dst))
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("src_name", "dst_name", "src", "dst"),
+    _grid_cases(),
+    ids=[
+        f"{a}-{b}-{'disjoint' if d.ranks[0] >= 10 else 'overlap'}"
+        for a, b, _, d in _grid_cases()
+    ],
+)
+def test_grid_of_layouts(src_name: str, dst_name: str, src: Grid, dst: Grid) -> None:
+    """Every placement pair on every leaf shape: coverage exactly once, minimal bytes."""
+    n = 0
+    for shape in SHAPES.values():
+        sp = _placements(src.ndim, len(shape))
+        dp = _placements(dst.ndim, len(shape))
+        # all pairs on small meshes; a deterministic sample of pairs on 2-D meshes
+        combos = list(itertools.product(sp, dp))
+        step = max(1, len(combos) // 40)
+        for a, b in combos[::step]:
+            check_plan(transfer_plan({"x": shape}, src, list(a), dst, list(b)))
+            n += 1
+    assert n > 0
+
+
+def test_many_leaves_one_message_per_pair() -> None:
+    """60 leaves of mixed dtypes: still one message per (sender, receiver) pair."""
+    shapes = {f"l{i}": (4 + i % 5, 6) for i in range(60)}
+    dts = [torch.float32, torch.float64, torch.int8, torch.bfloat16, torch.bool, torch.int64]
+    dtypes = {k: dts[i % len(dts)] for i, k in enumerate(shapes)}
+    plan = transfer_plan(
+        shapes, [[0, 1], [2, 3]], [Shard(0), Shard(1)], [4, 5], [Shard(1)], dtypes=dtypes
+    )
+    out = check_plan(plan)
+    assert out["messages"] == 4
+    # pieces are ordered by decreasing element size: aligned with no padding
+    for m in plan.messages:
+        sizes = [plan.leaves[p.leaf].dtype.itemsize for p in m.pieces]
+        assert sizes == sorted(sizes, reverse=True)
+
+
+def test_weight_sync_layouts() -> None:
+    """The two layouts of the benchmark: [2, 2] (S0, S1) -> [2] (S1) and [4] (S0) -> [2] (S0)."""
+    a = transfer_plan({"w": (64, 32)}, [[0, 1], [2, 3]], [Shard(0), Shard(1)], [4, 5], [Shard(1)])
+    assert a.bytes.total == 64 * 32 * 4  # every element once
+    assert a.bytes.sent == {r: 64 * 32 for r in range(4)}
+    assert a.bytes.received == {4: 64 * 32 * 2, 5: 64 * 32 * 2}
+    b = transfer_plan({"w": (64, 32)}, [0, 1, 2, 3], [Shard(0)], [4, 5], [Shard(0)])
+    assert [(m.src, m.dst) for m in b.messages] == [(0, 4), (1, 4), (2, 5), (3, 5)]
+    check_plan(a)
+    check_plan(b)
+
+
+def test_overlapping_ranks_copy_locally() -> None:
+    plan = transfer_plan({"w": (8, 4)}, [0, 1, 2, 3], [Shard(0)], [0, 1], [Shard(0)])
+    check_plan(plan)
+    assert plan.bytes.local == {0: 2 * 4 * 4}  # rank 0 keeps its rows 0-1
+    assert plan.bytes.total == 6 * 4 * 4
+    # the same mesh and placements: nothing moves
+    same = transfer_plan({"w": (8, 4)}, [0, 1], [Shard(0)], [0, 1], [Shard(0)])
+    assert same.messages == ()
+    assert same.bytes.total == 0
+    assert same.bytes.local == {0: 64, 1: 64}
+
+
+def test_replicated_sources_spread_reads() -> None:
+    """A leaf replicated on 4 ranks, wanted whole by 2 receivers: each replica serves a
+    quarter of each receiver's copy's worth (no rank serves everything)."""
+    plan = transfer_plan({"w": (16, 8)}, [0, 1, 2, 3], [Replicate()], [4, 5], [Replicate()])
+    check_plan(plan)
+    assert set(plan.bytes.sent.values()) == {2 * 16 * 8 * 4 // 4}
+    # aligned with the receivers' sharding: each receiver reads from half of the replicas
+    aligned = transfer_plan({"w": (16, 8)}, [0, 1, 2, 3], [Replicate()], [4, 5], [Shard(0)])
+    check_plan(aligned)
+    assert [(m.src, m.dst) for m in aligned.messages] == [(0, 4), (1, 4), (2, 5), (3, 5)]
+    # many tiny leaves (smaller than the number of replicas) rotate among the replicas
+    tiny = transfer_plan({f"b{i}": () for i in range(8)}, [0, 1], [Replicate()], [4], [Replicate()])
+    check_plan(tiny)
+    assert tiny.bytes.sent == {0: 16, 1: 16}
+
+
+def test_partial_sources_are_reduced_first() -> None:
+    plan = transfer_plan({"g": (4, 4)}, [[0, 1], [2, 3]], [Partial(), Shard(0)], [4], [Shard(0)])
+    assert plan.leaves[0].reduced == (Replicate(), Shard(0))
+    check_plan(plan)
+    keep = transfer_plan({"g": (4, 4)}, [0, 1], [Shard(0)], [4], [Shard(0)])
+    assert keep.leaves[0].reduced is None
+
+
+def test_partial_targets() -> None:
+    """Partial("sum"): coordinate 0 holds the values, the others zeros (nothing moves to
+    them); "max" holds them everywhere."""
+    plan = transfer_plan({"x": (4, 2)}, [0], [Replicate()], [4, 5], [Partial()])
+    check_plan(plan)
+    assert [(m.dst, m.nbytes) for m in plan.messages] == [(4, 32)]
+    assert plan.target(0, 5) == ((4, 2), True)
+    mx = transfer_plan({"x": (4, 2)}, [0], [Replicate()], [4, 5], [Partial("max")])
+    check_plan(mx)
+    assert mx.bytes.total == 64
+
+
+def test_placement_specs_and_containers() -> None:
+    td = tdfunc.TensorDict(
+        a=torch.zeros(4, 6), n=tdfunc.TensorDict(b=torch.zeros(6, dtype=torch.float64))
+    )
+    plan = transfer_plan(td, [0, 1], {"a": [Shard(1)], "n": [Shard(0)]}, [2], [Replicate()])
+    assert [s.path for s in plan.leaves] == [("a",), ("n", "b")]
+    assert [s.src for s in plan.leaves] == [(Shard(1),), (Shard(0),)]
+    assert [s.dtype for s in plan.leaves] == [torch.float32, torch.float64]
+    assert plan.bytes.total == 4 * 6 * 4 + 6 * 8
+    by_call = transfer_plan(
+        [(4, 6), (3,)], [0, 1], lambda path, x: [Shard(x.ndim - 1)], [2], [Replicate()]
+    )
+    assert [s.src for s in by_call.leaves] == [(Shard(1),), (Shard(0),)]
+    assert [s.path for s in by_call.leaves] == [("0",), ("1",)]
+    neg = transfer_plan({"x": (4, 6)}, [0, 1], [Shard(-1)], [2], [Replicate()])
+    assert neg.leaves[0].src == (Shard(1),)
+    import torch.distributed.device_mesh as dm
+
+    assert as_grid(torch.tensor([[3, 4]])) == Grid((1, 2), (3, 4))
+    assert dm.DeviceMesh is not None  # DeviceMesh objects are read through .mesh
+
+
+def test_plans_are_cached_by_layout() -> None:
+    plan_for.cache_clear()
+    a = transfer_plan({"x": (4, 6)}, [0, 1], [Shard(0)], [2, 3], [Shard(1)])
+    b = transfer_plan({"x": (4, 6)}, torch.tensor([0, 1]), (Shard(0),), [2, 3], [Shard(1)])
+    assert a is b
+    assert plan_for.cache_info().hits == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "text"),
+    [
+        (
+            {"src_placements": [Shard(0), Shard(1)]},
+            ValueError,
+            E.PLACEMENTS_LENGTH.format(
+                key="'x'", n=2, placements=[Shard(0), Shard(1)], ndim=1, mesh_shape=(2,)
+            ),
+        ),
+        (
+            {"dst_placements": [Shard(2)]},
+            ValueError,
+            E.SHARD_DIM.format(key="'x'", dim=2, mesh_dim=0, shape=(4, 6), ndim=2),
+        ),
+        (
+            {"dst_placements": [Partial("product")]},
+            ValueError,
+            E.PLAN_PLACEMENT.format(
+                key="'x'", placement=Partial("product"), ops=("sum", "avg", "max", "min")
+            ),
+        ),
+        ({"src_mesh": [0, 0]}, ValueError, E.BAD_GRID.format(ranks=[0, 0])),
+        ({"src_mesh": []}, ValueError, E.BAD_GRID.format(ranks=[])),
+        ({"dst_mesh": "ab"}, TypeError, E.BAD_GRID_TYPE.format(typ="str")),
+        (
+            {"dst_mesh": torch.tensor([0.0])},
+            TypeError,
+            E.BAD_GRID_TYPE.format(typ="tensor of torch.float32"),
+        ),
+        ({"shapes": 3}, TypeError, E.PLAN_SHAPES.format(typ="int")),
+        ({"dtypes": [torch.float32] * 2}, ValueError, E.PLAN_DTYPES.format(n=2, leaves=1)),
+        (
+            {"src_placements": ["shard"]},
+            TypeError,
+            E.PLACEMENT_TYPE.format(key="'x'", value="shard", typ="str"),
+        ),
+    ],
+)
+def test_planner_errors(kwargs: dict[str, Any], exc: type, text: str) -> None:
+    args: dict[str, Any] = {
+        "shapes": {"x": (4, 6)},
+        "src_mesh": [0, 1],
+        "src_placements": [Shard(0)],
+        "dst_mesh": [2],
+        "dst_placements": [Replicate()],
+    }
+    args.update(kwargs)
+    with pytest.raises(exc) as e:
+        transfer_plan(**args)
+    assert str(e.value) == text
+
+
+def test_unknown_key_in_mapping() -> None:
+    with pytest.raises(KeyError, match="placements name key 'nope'"):
+        transfer_plan({"x": (4,)}, [0], {"nope": [Shard(0)]}, [1], [Replicate()])
+
+
+# --------------------------------------------------------------------------------------
+# property-based: random shapes, meshes (sharing ranks or not) and placements
+# --------------------------------------------------------------------------------------
+@st.composite
+def _layouts(draw: Any) -> tuple[Any, ...]:
+    def mesh(base: int) -> Grid:
+        shape = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
+        n = math.prod(shape)
+        pool = list(range(base, base + 6))
+        ranks = draw(st.permutations(pool))[:n]
+        return Grid(shape, tuple(ranks))
+
+    src = mesh(0)
+    dst = mesh(draw(st.sampled_from([0, 3, 10])))  # overlapping or disjoint
+    n_leaves = draw(st.integers(1, 3))
+    shapes = {}
+    src_p, dst_p, dtypes = {}, {}, {}
+    for i in range(n_leaves):
+        shape = tuple(draw(st.lists(st.integers(0, 7), min_size=0, max_size=3)))
+        shapes[f"l{i}"] = shape
+
+        def one(shape: tuple[int, ...] = shape) -> Any:
+            options: list[Any] = [Replicate(), Partial(), Partial("max")]
+            options += [Shard(d) for d in range(len(shape))]
+            return st.sampled_from(options)
+
+        src_p[f"l{i}"] = [draw(one()) for _ in range(src.ndim)]
+        dst_p[f"l{i}"] = [draw(one()) for _ in range(dst.ndim)]
+        dtypes[f"l{i}"] = draw(st.sampled_from([torch.float32, torch.int8, torch.float64]))
+    return shapes, src, src_p, dst, dst_p, dtypes
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_layouts())
+def test_random_layouts_cover_exactly_once_with_minimal_bytes(layout: tuple[Any, ...]) -> None:
+    shapes, src, src_p, dst, dst_p, dtypes = layout
+    check_plan(transfer_plan(shapes, src, src_p, dst, dst_p, dtypes=dtypes))
