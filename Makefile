@@ -7,7 +7,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-test
 BSTAMP := $(VENV)/.installed-bench
 
-.PHONY: setup setup-bench test demo bench bench-quick lint clean
+.PHONY: setup setup-bench test fuzz demo bench bench-quick lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ setup-bench: $(BSTAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules tdfunc tests
+
+# a long run of the program fuzzer (make test runs a few hundred programs; this thousands)
+fuzz: $(STAMP)
+	TDFUNC_FUZZ_EXAMPLES=$${TDFUNC_FUZZ_EXAMPLES:-3000} $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz.py
 
 demo: $(STAMP)
 	@set -e; for f in examples/*.py; do echo "== $$f"; $(PY) $$f; done

@@ -154,3 +154,14 @@ RESHAPE_AMBIGUOUS = (
     "cannot reshape tensor of {numel} elements into shape {shape} because the unspecified "
     "dimension size -1 can be any value and is ambiguous"
 )
+SHAPE_ARG_MISSING = "{op}() missing the shape / dims argument"
+PERMUTE_COUNT = (
+    "permute: number of dims don't match: the batch_size {batch_size} has {bd} dims, got {dims}"
+)
+PERMUTE_REPEATED = "permute: dims {dims} are not a permutation of the batch dims (repeated dim)"
+FLATTEN_ORDER = "flatten() has invalid args: start_dim {start} cannot come after end_dim {end}"
+EXPAND_FEWER = (
+    "expand: the number of sizes provided ({shape}) must be greater or equal to the number of "
+    "batch dims of batch_size {batch_size}"
+)
+NEEDS_A_BATCH_DIM = "{op} expects at least one batch dim (batch_size is ())"

@@ -178,7 +178,8 @@ def _index_parts(idx: Any) -> tuple[Any, ...]:
     out = []
     for i in idx:
         if isinstance(i, list):
-            i = torch.tensor(i)
+            # an empty list selects nothing (a long index, as torch reads it)
+            i = torch.tensor(i) if i else torch.zeros(0, dtype=torch.long)
         out.append(i)
     return tuple(out)
 
@@ -256,7 +257,8 @@ def index_update(node: Any, idx: Any, value: Any, op: str = "set") -> Any:
         out = []
         for x, v in zip(ls, vs):
             y = x.clone()
-            y[parts] = v
+            # the value takes the leaf's dtype (as JAX's at[].set; index_put under vmap needs it)
+            y[parts] = torch.as_tensor(v, dtype=x.dtype, device=x.device)
             out.append(y)
         return map_leaves(node, out)
     bs = node._batch_size
@@ -314,17 +316,26 @@ class _AtRef:
 # --------------------------------------------------------------------------------------
 # shape ops (batch dims only)
 # --------------------------------------------------------------------------------------
-def _shape_arg(shape: tuple[Any, ...]) -> tuple[Any, ...]:
+def _shape_arg(shape: tuple[Any, ...], op: str) -> tuple[Any, ...]:
+    """The shape / dims argument of ``op`` given as ints or one sequence (as torch takes it)."""
+    if not shape:
+        raise TypeError(E.SHAPE_ARG_MISSING.format(op=op))
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
         return tuple(shape[0])
     return tuple(shape)
+
+
+def _wrap_dim(dim: int, batch_size: torch.Size) -> int:
+    """A batch dim as torch wraps a tensor's dim: a 0-d shape accepts 0 and -1."""
+    return norm_dim(dim, max(len(batch_size), 1), batch_size)
 
 
 def _infer_shape(shape: tuple[Any, ...], numel: Any) -> tuple[Any, ...]:
     """The batch shape ``shape`` (one ``-1`` allowed) for ``numel`` elements, with torch's rules
     and error type (``RuntimeError``), so batch shape ops behave like a plain tensor's.
 
-    Plain Python on the sizes: with symbolic sizes (``dynamic=True``) the checks become guards.
+    Only what the leaves cannot check is checked here (in Python, on the static arguments),
+    so data-dependent sizes (after a boolean mask) trace like a plain tensor's reshape.
     """
     infer = None
     known = 1
@@ -338,14 +349,11 @@ def _infer_shape(shape: tuple[Any, ...], numel: Any) -> tuple[Any, ...]:
         else:
             known = known * s
     if infer is None:
-        if known != numel:
-            raise RuntimeError(E.RESHAPE_INVALID.format(shape=list(shape), numel=numel))
-        return tuple(shape)
+        return tuple(shape)  # the size check is the leaves' own reshape (or the probe's)
     if known == 0:
         msg = E.RESHAPE_AMBIGUOUS if numel == 0 else E.RESHAPE_INVALID
         raise RuntimeError(msg.format(shape=list(shape), numel=numel))
-    if numel % known != 0:
-        raise RuntimeError(E.RESHAPE_INVALID.format(shape=list(shape), numel=numel))
+    # numel not divisible by ``known``: the leaves' reshape raises torch's own error
     return tuple(numel // known if i == infer else s for i, s in enumerate(shape))
 
 
@@ -360,7 +368,7 @@ def reshape(node: Any, *shape: Any) -> Any:
     """
     bs = node._batch_size
     bd = len(bs)
-    new = _infer_shape(_shape_arg(shape), math.prod(bs))
+    new = _infer_shape(_shape_arg(shape, "reshape"), math.prod(bs))
     return _map_shape(node, lambda x: x.reshape(new + x.shape[bd:]))
 
 
@@ -368,7 +376,7 @@ def view(node: Any, *shape: Any) -> Any:
     """View the batch dims with a new shape (leaves must be viewable)."""
     bs = node._batch_size
     bd = len(bs)
-    new = _infer_shape(_shape_arg(shape), math.prod(bs))
+    new = _infer_shape(_shape_arg(shape, "view"), math.prod(bs))
     return _map_shape(node, lambda x: x.view(new + x.shape[bd:]))
 
 
@@ -383,30 +391,33 @@ def permute(node: Any, *dims: Any) -> Any:
     """
     bs = node._batch_size
     bd = len(bs)
-    dims = _shape_arg(dims)
+    dims = _shape_arg(dims, "permute")
     if len(dims) != bd:
-        raise ValueError(f"permute needs {bd} dims for batch_size {tuple(bs)}, got {dims}")
-    perm = tuple(norm_dim(d, bd, bs) for d in dims)
+        raise RuntimeError(E.PERMUTE_COUNT.format(bd=bd, batch_size=tuple(bs), dims=dims))
+    perm = tuple(_wrap_dim(d, bs) for d in dims)
     if sorted(perm) != list(range(bd)):
-        raise ValueError(f"permute dims {dims} are not a permutation of the batch dims")
+        raise RuntimeError(E.PERMUTE_REPEATED.format(dims=dims))
     return _map_shape(node, lambda x: x.permute(perm + tuple(range(bd, x.ndim))))
 
 
 def transpose(node: Any, dim0: int, dim1: int) -> Any:
     """Swap two batch dims."""
     bs = node._batch_size
-    d0, d1 = norm_dim(dim0, len(bs), bs), norm_dim(dim1, len(bs), bs)
+    d0, d1 = _wrap_dim(dim0, bs), _wrap_dim(dim1, bs)
+    if not bs:
+        return node  # a 0-d batch: torch's transpose(0, 0) of a 0-d tensor is the tensor
     return _map_shape(node, lambda x: x.transpose(d0, d1))
 
 
-def squeeze(node: Any, dim: int | None = None) -> Any:
-    """Remove batch dims of size 1 (all of them, or ``dim``)."""
+def squeeze(node: Any, dim: int | Sequence[int] | None = None) -> Any:
+    """Remove batch dims of size 1 (all of them, ``dim``, or a tuple of dims)."""
     bs = node._batch_size
     if dim is None:
         dims = tuple(i for i, s in enumerate(bs) if s == 1)
     else:
-        d = norm_dim(dim, len(bs), bs)
-        dims = (d,) if bs[d] == 1 else ()
+        asked = dim if isinstance(dim, (tuple, list)) else (dim,)
+        wrapped = [_wrap_dim(d, bs) for d in asked]
+        dims = tuple(d for d in sorted(set(wrapped)) if bs and bs[d] == 1)
     if not dims:
         return node
     return _map_shape(node, lambda x: x.squeeze(dims))
@@ -423,15 +434,18 @@ def flatten(node: Any, start_dim: int = 0, end_dim: int = -1) -> Any:
     """Flatten batch dims ``start_dim..end_dim`` into one."""
     bs = node._batch_size
     bd = len(bs)
+    s, e = _wrap_dim(start_dim, bs), _wrap_dim(end_dim, bs)
+    if s > e:
+        raise RuntimeError(E.FLATTEN_ORDER.format(start=start_dim, end=end_dim))
     if bd == 0:
-        return unsqueeze(node, 0)
-    s, e = norm_dim(start_dim, bd, bs), norm_dim(end_dim, bd, bs)
+        return unsqueeze(node, 0)  # torch: flattening a 0-d tensor gives one dim
     return _map_shape(node, lambda x: x.flatten(s, e))
 
 
 def unflatten(node: Any, dim: int, sizes: Sequence[int]) -> Any:
     """Split batch dim ``dim`` into ``sizes``."""
     bs = node._batch_size
+    _needs_a_batch_dim(bs, "unflatten")
     d = norm_dim(dim, len(bs), bs)
     sizes = tuple(sizes)
     return _map_shape(node, lambda x: x.unflatten(d, sizes))
@@ -441,9 +455,9 @@ def expand(node: Any, *shape: Any) -> Any:
     """Expand the batch dims to ``shape`` (new leading dims allowed, ``-1`` keeps a dim)."""
     bs = node._batch_size
     bd = len(bs)
-    new = _shape_arg(shape)
+    new = _shape_arg(shape, "expand")
     if len(new) < bd:
-        raise ValueError(f"expand shape {new} has fewer dims than batch_size {tuple(bs)}")
+        raise RuntimeError(E.EXPAND_FEWER.format(shape=new, batch_size=tuple(bs)))
     return _map_shape(node, lambda x: x.expand(new + x.shape[bd:]))
 
 
@@ -562,6 +576,11 @@ def unbind(node: Any, dim: int = 0) -> tuple[Any, ...]:
     return _split_results(node, pieces, [new_bs] * bs[d])
 
 
+def _needs_a_batch_dim(batch_size: torch.Size, op: str) -> None:
+    if not batch_size:
+        raise RuntimeError(E.NEEDS_A_BATCH_DIM.format(op=op))
+
+
 def split(node: Any, split_size: int | Sequence[int], dim: int = 0) -> tuple[Any, ...]:
     """Split along a batch dim into chunks of ``split_size`` (or the given sizes).
 
@@ -572,6 +591,7 @@ def split(node: Any, split_size: int | Sequence[int], dim: int = 0) -> tuple[Any
         [2, 3]
     """
     bs = node._batch_size
+    _needs_a_batch_dim(bs, "split")
     d = norm_dim(dim, len(bs), bs)
     probe, _ = _probe(node)
     # torch.split's annotation says list[int]; it takes any sequence of ints
@@ -585,6 +605,7 @@ def split(node: Any, split_size: int | Sequence[int], dim: int = 0) -> tuple[Any
 def chunk(node: Any, chunks: int, dim: int = 0) -> tuple[Any, ...]:
     """Split along a batch dim into ``chunks`` pieces (as ``torch.chunk``)."""
     bs = node._batch_size
+    _needs_a_batch_dim(bs, "chunk")
     d = norm_dim(dim, len(bs), bs)
     probe, _ = _probe(node)
     sizes = [p.shape[d] for p in torch.chunk(probe, chunks, d)]
