@@ -122,7 +122,7 @@ def test_shape_op_errors():
         td.transpose(0, 2)
     with pytest.raises(IndexError, match="out of range"):
         td.unsqueeze(4)
-    with pytest.raises(RuntimeError, match="number of dims don.t match"):
+    with pytest.raises(RuntimeError, match="number of dims don't match"):
         td.permute(0)
     with pytest.raises(RuntimeError, match="not a permutation"):
         td.permute(0, 0)
