@@ -215,9 +215,11 @@ def lazy_clone(t: Tensor) -> Tensor:
 
     Memory-mapped leaves are copied: torch's copy-on-write needs memory that torch allocated,
     and a module may write any tensor it is given (the file is never written; to call a
-    memory-mapped state many times, materialise it once with ``state.clone()``).
+    memory-mapped state many times, materialise it once with ``state.clone()``). Inside
+    ``torch.vmap`` the leaves are copied too: ``_lazy_clone`` has no batching rule, and its
+    per-member fallback costs far more than one batched copy of an ensemble's parameters.
     """
-    if isinstance(t, MemoryMappedTensor):
+    if isinstance(t, MemoryMappedTensor) or torch._C._functorch.is_batchedtensor(t):
         return t.clone()
     return torch.ops.aten._lazy_clone(t)
 
