@@ -1,6 +1,6 @@
 """DTensor containers on gloo ranks: coalesced compiled redistribution and send/recv strategies.
 
-The timing runs inside the spawned ranks (``tdfunc.distributed._launch.launch``): before each round
+The timing runs inside the spawned ranks (``tdfunc.testing.launch``): before each round
 every rank meets at a barrier, each rank times its own call, and a round's time is the
 slowest rank's (an all-reduce MAX). The ranks report the per-round times back; the parent
 replays them through pytest-benchmark with a replay timer, so the JSON and the report carry
@@ -24,6 +24,20 @@ Workloads:
   full tensors on mesh A first (compiled, coalesced) and ships them; ``recv(placements=...)``
   re-shards them on mesh B in a compiled graph. ``extra_info`` has ``bytes`` (bytes sent
   over the wire by all senders) and ``leaf_bytes`` (the payload data alone).
+* ``dtensor_reshard_<layout>``: weight synchronisation between meshes sharded differently, on
+  6 gloo ranks: a model-sized container (full run: 128 leaves of 256 x 512 float32, 64 MiB;
+  quick run: 100 leaves of 16 x 32) resharded ``[2, 2] (S0, S1)`` (ranks 0-3) -> ``[2] (S1)``
+  (ranks 4, 5), ``[4] (S0)`` (ranks 0-3) -> ``[2] (S0)`` (ranks 4, 5), and ``[2] (S0)``
+  (ranks 0, 1) -> ``[2] (S1)`` (ranks 2, 3). ``tdfunc_plan``: one step of a reusable
+  ``Transfer`` (planned once; each sender ships each receiver exactly the slices it keeps, one
+  message per pair). ``tdfunc_full``: ``send(strategy="full")`` (the sending mesh all-gathers
+  full tensors, its first ranks ship them to the receivers) and ``recv(placements=...)``
+  (re-sharded locally). ``tdfunc_local`` (only where the meshes have the same shape):
+  ``send(strategy="local")`` then ``recv(placements=...)`` redistributes on the receiving mesh.
+  ``extra_info``: ``bytes`` (point-to-point bytes between the meshes, all senders, headers
+  included; the all-gather of ``full`` and the redistribution of ``local`` move more inside
+  each mesh), ``minimum_bytes`` (what the receivers need and do not hold), ``messages`` and
+  ``first_call_s`` (planning, handshake and compilation for ``plan``).
 """
 
 from __future__ import annotations
@@ -35,16 +49,24 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import tdfunc
 from tdfunc import distributed as tdd
-from tdfunc.distributed._launch import launch
+from tdfunc.testing import launch
 
 N_LEAVES = 64
 LEAF_SHAPE = (8, 4)
 SEND_LEAVES = 16
 SEND_SHAPE = (128, 64)
+RESHARD_FULL = (128, (256, 512))  # leaves, shape: 64 MiB of float32
+RESHARD_QUICK = (100, (16, 32))
+#: layout -> (sending ranks, sending mesh shape, receiving ranks)
+RESHARD_LAYOUTS = {
+    "2x2_to_2": ([0, 1, 2, 3], (2, 2), [4, 5]),
+    "4_to_2": ([0, 1, 2, 3], (4,), [4, 5]),
+    "2_to_2": ([0, 1], (2,), [2, 3]),
+}
 
 
 # ----------------------------------------------------------------------------- rank side
@@ -184,6 +206,121 @@ def transfer_ranks(rank: int, world: int, rounds: int, backend: str) -> dict[str
     return res
 
 
+def _reshard_placements(layout: str) -> tuple[Any, Any]:
+    if layout == "2x2_to_2":
+        return [Shard(0), Shard(1)], [Shard(1)]
+    if layout == "4_to_2":
+        return [Shard(0)], [Shard(0)]
+    return [Shard(0)], [Shard(1)]
+
+
+def _plan_step(sync: Any, src: Any, sent: list[int], got: list[Any]) -> Any:
+    """One step of a reusable Transfer on this rank."""
+
+    def step() -> None:
+        if sync is None:  # a rank outside both meshes
+            return
+        if sync.sends:
+            sent[0] = sync.send(src)
+        elif sync.receives:
+            got[0] = sync.recv()
+
+    return step
+
+
+def _rank_step(
+    strategy: str,
+    src: Any,
+    peer: int | None,
+    dst_mesh: DeviceMesh,
+    dst_pl: Any,
+    backend: str,
+    sends: bool,
+    receives: bool,
+    sent: list[int],
+    got: list[Any],
+) -> Any:
+    """One step of send / recv to a single peer rank (``"full"`` or ``"local"``)."""
+
+    def step() -> None:
+        if sends and peer is not None:
+            sent[0] = tdd.send(src, peer, strategy=strategy, backend=backend)
+        elif sends:
+            tdd.full_tensor(src, backend=backend)  # its part of the all-gather
+        elif receives:
+            got[0] = tdd.recv(peer, mesh=dst_mesh, placements=dst_pl, backend=backend)
+
+    return step
+
+
+def reshard_ranks(
+    rank: int, world: int, rounds: int, n_leaves: int, shape: tuple[int, ...], backend: str
+) -> dict[str, Any]:
+    """Rank side of ``dtensor_reshard_<layout>`` (6 ranks; see the module docstring)."""
+    meshes = {
+        name: (
+            DeviceMesh("cpu", torch.tensor(src).reshape(src_shape).tolist()),
+            DeviceMesh("cpu", dst),
+        )
+        for name, (src, src_shape, dst) in RESHARD_LAYOUTS.items()
+    }
+    gen = torch.Generator().manual_seed(2)
+    full = tdfunc.TensorDict({f"w{i}": torch.randn(shape, generator=gen) for i in range(n_leaves)})
+    res: dict[str, Any] = {}
+    for name, (src_ranks, _, dst_ranks) in RESHARD_LAYOUTS.items():
+        src_mesh, dst_mesh = meshes[name]
+        src_pl, dst_pl = _reshard_placements(name)
+        sends, receives = rank in src_ranks, rank in dst_ranks
+        src = tdd.distribute(full, src_mesh, src_pl, src_data_rank=None) if sends else None
+        expected = (
+            [
+                distribute_tensor(x, dst_mesh, dst_pl, src_data_rank=None).to_local()
+                for x in full.leaves()
+            ]
+            if receives
+            else []
+        )
+        contenders = ["plan", "full"] + (["local"] if len(src_ranks) == len(dst_ranks) else [])
+        for contender in contenders:
+            sent = [0]
+            got: list[Any] = [None]
+            setup = 0.0
+            if contender == "plan":
+                sync = None
+                if sends or receives:
+                    t0 = time.perf_counter()
+                    sync = tdd.Transfer(
+                        src_mesh, dst_mesh, dst_pl if receives else None, like=src, backend=backend
+                    )
+                    setup = time.perf_counter() - t0
+                step = _plan_step(sync, src, sent, got)
+            else:
+                # pairs: receiver j <- sender j (the other senders only join the all-gather)
+                if sends:
+                    i = src_ranks.index(rank)
+                    peer = dst_ranks[i] if i < len(dst_ranks) else None
+                else:
+                    peer = src_ranks[dst_ranks.index(rank)] if receives else None
+                step = _rank_step(
+                    contender, src, peer, dst_mesh, dst_pl, backend, sends, receives, sent, got
+                )
+            r = _timed(step, rounds)
+            r["first_s"] += setup
+            ok = not receives or all(
+                torch.equal(a.to_local(), b) for a, b in zip(got[0].leaves(), expected)
+            )
+            flags = torch.tensor([sent[0], int(ok)], dtype=torch.int64)
+            dist.all_reduce(flags[:1])
+            dist.all_reduce(flags[1:], op=dist.ReduceOp.MIN)
+            r.update(bytes=int(flags[0]), matches=bool(flags[1]))
+            if contender == "plan" and sync is not None:
+                r.update(minimum_bytes=sync.bytes.total, messages=sync.bytes.messages)
+            res[f"{name}/{contender}"] = r
+    res["leaf_bytes"] = sum(x.numel() * x.element_size() for x in full.leaves())
+    res["leaves"] = n_leaves
+    return res
+
+
 # ----------------------------------------------------------------------------- parent side
 class ReplayClock:
     """A pytest-benchmark timer that replays durations measured elsewhere: each call of
@@ -296,4 +433,59 @@ def test_send_recv(benchmark: Any, transfer_results: dict[str, Any], contender: 
         first_call_s=r["first_s"],
         ranks=4,
     )
+    _replay(benchmark, r["times"])
+
+
+@pytest.fixture(scope="module")
+def reshard_results(bench_quick: bool) -> dict[str, Any]:
+    n_leaves, shape = RESHARD_QUICK if bench_quick else RESHARD_FULL
+    rounds = 2 if bench_quick else 8
+    backend = "eager" if bench_quick else "aot_eager"
+    out = launch(
+        reshard_ranks,
+        6,
+        args=(rounds, n_leaves, shape, backend),
+        timeout=400 if bench_quick else 1800,
+        pg_timeout=600,
+    )
+    return out[0]
+
+
+@pytest.mark.benchmark(timer=CLOCK.now)
+@pytest.mark.parametrize(
+    ("layout", "contender"),
+    [
+        ("2x2_to_2", "tdfunc_plan"),
+        ("2x2_to_2", "tdfunc_full"),
+        ("4_to_2", "tdfunc_plan"),
+        ("4_to_2", "tdfunc_full"),
+        ("2_to_2", "tdfunc_plan"),
+        ("2_to_2", "tdfunc_full"),
+        ("2_to_2", "tdfunc_local"),
+    ],
+)
+def test_reshard(
+    benchmark: Any, reshard_results: dict[str, Any], layout: str, contender: str
+) -> None:
+    """A model-sized container resharded between meshes (see ``dtensor_reshard_<layout>``)."""
+    r = reshard_results[f"{layout}/{contender.removeprefix('tdfunc_')}"]
+    assert r["matches"]
+    plan = reshard_results[f"{layout}/plan"]
+    info = {
+        "workload": f"dtensor_reshard_{layout}",
+        "mode": "eager",
+        "contender": contender,
+        "category": "distributed",
+        "bytes": r["bytes"],
+        "minimum_bytes": plan["minimum_bytes"],
+        "leaf_bytes": reshard_results["leaf_bytes"],
+        "leaves": reshard_results["leaves"],
+        "first_call_s": r["first_s"],
+        "ranks": 6,
+    }
+    if contender == "tdfunc_plan":
+        info["messages"] = r["messages"]
+    else:
+        info["time_vs_plan"] = _median(r["times"]) / _median(plan["times"])
+    benchmark.extra_info.update(info)
     _replay(benchmark, r["times"])

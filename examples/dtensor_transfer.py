@@ -24,7 +24,7 @@ from torch.distributed.tensor import Shard
 
 from tdfunc import distributed as tdd
 from tdfunc import from_module, functional_call
-from tdfunc.distributed._launch import launch  # the small local launcher of the tests
+from tdfunc.testing import launch  # a small local launcher (real programs use torchrun)
 
 
 def make_model() -> nn.Module:

@@ -747,9 +747,7 @@ def _check_received(got: Any, full: Any, mesh: DeviceMesh) -> dict[str, Any]:
         if any(isinstance(p, Partial) for p in x.placements):
             expected = x.to_local()  # checked through full_tensor below
         local = x.to_local()
-        if local.dtype != ref.dtype or local.shape != expected.shape:
-            wrong.append(str(path))
-        elif not torch.equal(local, expected):
+        if local.dtype != ref.dtype or local.shape != expected.shape or not torch.equal(local, expected):
             wrong.append(str(path))
     return {"wrong": wrong, "worst": worst, "n": len(list(full.leaves()))}
 
@@ -791,7 +789,12 @@ def run_plan(rank: int, world: int) -> dict[str, Any]:
         src = tdd.distribute(full, m_2x2, _two_d, src_data_rank=None)
         sync = tdd.Transfer(m_2x2, m_45.mesh.tolist(), like=src, backend=counter)
         sent = [sync.send(src)]
-        src2 = tdd.distribute(full.apply(lambda x: x + 1 if x.dtype != torch.bool else ~x), m_2x2, _two_d, src_data_rank=None)
+        src2 = tdd.distribute(
+            full.apply(lambda x: x + 1 if x.dtype != torch.bool else ~x),
+            m_2x2,
+            _two_d,
+            src_data_rank=None,
+        )
         sent.append(sync.send(src2))
         res["A_sent"] = sent
         res["A_frames"] = counter.frame_count
@@ -884,7 +887,11 @@ def run_plan(rank: int, world: int) -> dict[str, Any]:
         tdd.send(tdd.distribute(p, m_01, [Shard(0)]), m_4, compile=False)
     elif rank == 4:
         tc = tdd.recv(m_01, mesh=m_4, placements=[Replicate()], compile=False)
-        res["E_tc"] = [type(tc).__name__, list(tc.batch_size), torch.equal(tc.x.to_local(), reference_full((4, 2), 1))]
+        res["E_tc"] = [
+            type(tc).__name__,
+            list(tc.batch_size),
+            torch.equal(tc.x.to_local(), reference_full((4, 2), 1)),
+        ]
     lap("E replicated / partial")
 
     # --- F. mismatches: ValueError on both sides, never a hang ---
@@ -905,11 +912,19 @@ def run_plan(rank: int, world: int) -> dict[str, Any]:
         res["F_step"] = caught(lambda: sync.send(wrong))
         res["F_after"] = sync.send(src) > 0
     elif rank < 4:
-        res["F_expect"] = caught(lambda: tdd.recv(m_01, mesh=m_23, placements=[Shard(1)], compile=False))
+        res["F_expect"] = caught(
+            lambda: tdd.recv(m_01, mesh=m_23, placements=[Shard(1)], compile=False)
+        )
         mine = [Shard(1)] if rank == 2 else [Replicate()]
-        res["F_disagree"] = caught(lambda: tdd.recv(m_01, mesh=m_23, placements=mine, compile=False))
-        res["F_layout"] = caught(lambda: tdd.recv(m_01, mesh=m_23, placements=[Shard(1)], compile=False))
-        res["F_strategy"] = caught(lambda: tdd.recv(m_01, mesh=m_23, placements=[Shard(1)], compile=False))
+        res["F_disagree"] = caught(
+            lambda: tdd.recv(m_01, mesh=m_23, placements=mine, compile=False)
+        )
+        res["F_layout"] = caught(
+            lambda: tdd.recv(m_01, mesh=m_23, placements=[Shard(1)], compile=False)
+        )
+        res["F_strategy"] = caught(
+            lambda: tdd.recv(m_01, mesh=m_23, placements=[Shard(1)], compile=False)
+        )
         spec = {"nope": [Shard(0)]} if rank == 3 else [Shard(0)]
         res["F_key"] = caught(lambda: tdd.recv(m_01, mesh=m_23, placements=spec, compile=False))
         sync = tdd.Transfer(m_01, m_23, [Shard(1)], compile=False)

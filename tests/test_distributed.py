@@ -1,7 +1,7 @@
 """tdfunc.distributed: DTensor containers, compiled coalesced redistribution, send/recv.
 
 Multi-process checks run once per module in real gloo process groups (2 and 4 CPU ranks,
-spawned by the launcher of ``tdfunc.distributed._launch``, which always terminates); the rank functions live in
+spawned by ``tdfunc.testing.launch``, which always terminates); the rank functions live in
 ``tests/_dist_workers.py`` and return plain values asserted on here. The layout math of the
 coalesced buffers is also checked in-process by simulating every rank of a mesh.
 """
@@ -27,7 +27,8 @@ from tdfunc.distributed import _errors as E
 from tdfunc.distributed import _placements as codec
 from tdfunc.distributed import _plan as P
 from tdfunc.distributed import _transfer as wire
-from tdfunc.distributed._launch import RankError, free_port, launch
+from tdfunc.distributed._launch import free_port
+from tdfunc.testing import RankError, launch
 
 pytestmark = pytest.mark.slow
 

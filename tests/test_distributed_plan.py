@@ -81,7 +81,7 @@ def test_4_plus_2_overlapping(six: list[dict[str, Any]]) -> None:
     for r in six[3:5]:
         _ok(r["C_check"])
     plan = transfer_plan(W.mixed_full(), [0, 1, 2, 3], [Shard(0)], [3, 4], W._last)
-    assert 3 in plan.bytes.local and plan.bytes.local[3] > 0
+    assert plan.bytes.local.get(3, 0) > 0
     assert all(m.src != m.dst for m in plan.messages)
     assert six[0]["C_sent"] == plan.bytes.sent[0] + 64 * len(plan.sends(0))
 
@@ -148,7 +148,9 @@ def test_mismatches_raise_on_every_side(six: list[dict[str, Any]]) -> None:
             "ValueError",
             E.PLAN_LEADER_FAILED.format(op="recv", leader=0, reason=strategy),
         ]
-    step = E.PLAN_STEP_LAYOUT.format(rank=0, what="global shape of key 'w' ((4, 7) instead of (4, 6))")
+    step = E.PLAN_STEP_LAYOUT.format(
+        rank=0, what="global shape of key 'w' ((4, 7) instead of (4, 6))"
+    )
     assert six[0]["F_step"] == ["ValueError", step]
     assert six[1]["F_step"] == ["", ""]
     for rank in (2, 3):  # the receivers of the failed sender learn why

@@ -20,7 +20,7 @@ from torch.distributed.tensor import Replicate, Shard
 from tdfunc import distributed as tdd
 from tdfunc.distributed import _errors as E
 from tdfunc.distributed import _transfer as wire
-from tdfunc.distributed._launch import RankError, launch
+from tdfunc.testing import RankError, launch
 
 pytestmark = pytest.mark.slow
 
@@ -203,6 +203,9 @@ def test_public_api_is_the_operations() -> None:
     assert sorted(tdd.__all__) == [
         "DEFAULT_BACKEND",
         "DEFAULT_TIMEOUT",
+        "Traffic",
+        "Transfer",
+        "TransferPlan",
         "cache_clear",
         "distribute",
         "from_local",
@@ -211,6 +214,7 @@ def test_public_api_is_the_operations() -> None:
         "redistribute",
         "send",
         "to_local",
+        "transfer_plan",
     ]
     assert tdd.DEFAULT_TIMEOUT == 120.0
 
@@ -218,9 +222,9 @@ def test_public_api_is_the_operations() -> None:
 @pytest.mark.parametrize(
     ("name", "home"),
     [
-        ("launch", "tdfunc.distributed._launch"),
+        ("launch", "tdfunc.testing"),
         ("free_port", "tdfunc.distributed._launch"),
-        ("RankError", "tdfunc.distributed._launch"),
+        ("RankError", "tdfunc.testing"),
         ("encode_placement", "tdfunc.distributed._placements"),
         ("encode_placements", "tdfunc.distributed._placements"),
         ("decode_placement", "tdfunc.distributed._placements"),
@@ -228,8 +232,9 @@ def test_public_api_is_the_operations() -> None:
     ],
 )
 def test_moved_names_are_deprecated_aliases(name: str, home: str) -> None:
-    with pytest.warns(DeprecationWarning, match=f"tdfunc.distributed.{name} is deprecated"):
+    with pytest.warns(DeprecationWarning, match=f"tdfunc.distributed.{name} is deprecated") as w:
         value = getattr(tdd, name)
+    assert f"{home}.{name}" in str(w[0].message)  # the warning names the new home
     assert value is getattr(importlib.import_module(home), name)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

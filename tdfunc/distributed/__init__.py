@@ -50,14 +50,14 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_t
 from .. import _deprecate
 from .._keys import fmt_key, walk
 from .._tree import KeyPath, Node, leaves_with_paths, map_leaves
+from . import _cross as cross
 from . import _errors as E
 from . import _placements as codec
 from . import _plan as plan_mod
 from . import _transfer as wire
+from . import _xplan as xplan
 from ._agree import agreed_plan, check, placements_of, reject
 from ._mesh import check_node, common_mesh, describe_mesh, rebatch
-from . import _cross as cross
-from . import _xplan as xplan
 from ._placements import PlacementSpec, normalize, resolve
 from ._sync import Transfer
 from ._xplan import Traffic, TransferPlan, transfer_plan
@@ -642,10 +642,10 @@ def send(
     mesh = common_mesh(leaves_with_paths(td))
     if mesh is None:
         raise ValueError(E.PLAN_NO_DTENSOR.format(op="send"))
-    t = Transfer._one_shot(
+    planned = Transfer._one_shot(
         "send", mesh, dst, placements, td, group, compile, backend, timeout, error
     )
-    return t.send(td)
+    return planned.send(td)
 
 
 def recv(
@@ -709,10 +709,10 @@ def recv(
     if not _is_rank(src):
         if mesh is None:
             raise TypeError(E.PLAN_DST_MESH.format(rank=dist.get_rank(), typ="NoneType"))
-        t = Transfer._one_shot(
+        planned = Transfer._one_shot(
             "recv", src, mesh, placements, source, group, compile, backend, timeout, None
         )
-        return t(source)
+        return planned(source)
     link = wire.Peer("recv", dist.get_rank(), src, group, wire.comm_device(group), timeout)
     inc = wire.receive(link, mesh, placements)
     leaves: list[Tensor] = []

@@ -42,7 +42,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
@@ -104,16 +103,17 @@ def layout_of(td: Any, dst: Grid, op: str) -> tuple[dict[str, Any], DeviceMesh]:
         raise ValueError(E.PLAN_NO_DTENSOR.format(op=op))
     leaves = []
     for path, x in pairs:
-        is_dt = isinstance(x, DTensor)
-        if is_dt:
+        encoded = None
+        if isinstance(x, DTensor):
             for p in x.placements:
                 kind_of(p, path)  # ValueError for placements a plan cannot move
+            encoded = codec.encode_placements(x.placements, path)
         leaves.append(
             {
                 "path": list(path),
                 "shape": list(x.shape),
                 "dtype": wire.dtype_name(x.dtype),
-                "placements": codec.encode_placements(x.placements, path) if is_dt else None,
+                "placements": encoded,
                 "requires_grad": bool(x.requires_grad),
             }
         )
@@ -254,9 +254,7 @@ def _post_text(link: wire.Peer, head_tag: int, text_tag: int, status: int, text:
     return works
 
 
-def _read_text(
-    link: wire.Peer, head_tag: int, text_tag: int, step: str
-) -> tuple[int, str]:
+def _read_text(link: wire.Peer, head_tag: int, text_tag: int, step: str) -> tuple[int, str]:
     head = torch.empty(HEAD_LEN, dtype=torch.int64, device=link.device)
     link.recv(head, head_tag, step)
     h = head.tolist()
@@ -374,7 +372,11 @@ def _lead(side: Side, links: list[wire.Peer]) -> tuple[dict[str, Any], list[Any]
             if side.error is not None
             else E.PLAN_ROLE_SOURCE.format(rank=side.rank, mesh=list(side.src.nested()))
         )
-        works = [(lk, w) for lk in links for w in _post_text(lk, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, FAILED, reason)]
+        works = [
+            (lk, w)
+            for lk in links
+            for w in _post_text(lk, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, FAILED, reason)
+        ]
         for lk, w in works:
             lk.finish(w, "read the layout")
         if side.error is not None:
@@ -382,7 +384,9 @@ def _lead(side: Side, links: list[wire.Peer]) -> tuple[dict[str, Any], list[Any]
         raise ValueError(reason)
     layout = side.layout
     text = json.dumps(layout, separators=(",", ":"))
-    works = [(lk, w) for lk in links for w in _post_text(lk, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, OK, text)]
+    works = [
+        (lk, w) for lk in links for w in _post_text(lk, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, OK, text)
+    ]
     for lk, w in works:
         lk.finish(w, "read the layout")
     answers: dict[int, tuple[int, str]] = {}
@@ -392,7 +396,9 @@ def _lead(side: Side, links: list[wire.Peer]) -> tuple[dict[str, Any], list[Any]
     answers[side.rank] = (status, answer)
     verdict, vtext = _verdict(side, answers)
     works = [
-        (lk, w) for lk in links for w in _post_text(lk, VERDICT_HEAD_TAG, VERDICT_TEXT_TAG, verdict, vtext)
+        (lk, w)
+        for lk in links
+        for w in _post_text(lk, VERDICT_HEAD_TAG, VERDICT_TEXT_TAG, verdict, vtext)
     ]
     for lk, w in works:
         lk.finish(w, "read the verdict")
@@ -423,9 +429,7 @@ class RecvSide(NamedTuple):
 
     peers: tuple[int, ...]
     nbytes: tuple[int, ...]
-    pieces: tuple[
-        tuple[tuple[int, int, int, tuple[int, ...], tuple[int, ...]], ...], ...
-    ]
+    pieces: tuple[tuple[tuple[int, int, int, tuple[int, ...], tuple[int, ...]], ...], ...]
     local: tuple[tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...]
     targets: tuple[tuple[tuple[int, ...], torch.dtype, bool], ...]
     local_shapes: tuple[tuple[int, ...], ...]
@@ -472,8 +476,7 @@ def recv_side(key: LayoutKey, rank: int, device: str) -> RecvSide:
         peers=tuple(m.src for m in msgs),
         nbytes=tuple(m.nbytes for m in msgs),
         pieces=tuple(
-            tuple((p.leaf, p.offset, p.nbytes, p.size, p.dst_start) for p in m.pieces)
-            for m in msgs
+            tuple((p.leaf, p.offset, p.nbytes, p.size, p.dst_start) for p in m.pieces) for m in msgs
         ),
         local=tuple((p.leaf, p.src_start, p.size, p.dst_start) for p in plan.local.get(rank, ())),
         targets=tuple(targets),
@@ -508,9 +511,7 @@ def unpack(
 ) -> list[Tensor]:
     """This rank's target shard of every leaf from its buffers and local copies."""
     assert side is not None
-    parts: list[list[tuple[tuple[int, ...], tuple[int, ...], Tensor]]] = [
-        [] for _ in side.targets
-    ]
+    parts: list[list[tuple[tuple[int, ...], tuple[int, ...], Tensor]]] = [[] for _ in side.targets]
     for buf, pieces in zip(bufs, side.pieces):
         for leaf, offset, nbytes, size, dst_start in pieces:
             dtype = side.targets[leaf][1]
@@ -550,7 +551,8 @@ def assemble(
             continue
         bounds = [lo[d], *valid, lo[d] + shape[d]]
         slabs = []
-        for a, b in zip(bounds, bounds[1:]):
+        for j in range(len(bounds) - 1):
+            a, b = bounds[j], bounds[j + 1]
             inside = [p for p in parts if a <= p[0][d] < b]
             sub_lo = (*lo[:d], a, *lo[d + 1 :])
             sub_shape = (*shape[:d], b - a, *shape[d + 1 :])
@@ -651,9 +653,7 @@ def _specs(key: LayoutKey, mesh: DeviceMesh) -> tuple[DTensorSpec | None, ...]:
             DTensorSpec(
                 mesh,
                 tuple(placement_of(k) for k in ks),
-                tensor_meta=TensorMeta(
-                    torch.Size(shape), plan_mod.contiguous_stride(shape), dtype
-                ),
+                tensor_meta=TensorMeta(torch.Size(shape), plan_mod.contiguous_stride(shape), dtype),
             )
         )
     return tuple(out)

@@ -181,9 +181,7 @@ class Transfer:
             if error is not None:
                 raise error
             if op == "send" and self.receives:
-                raise ValueError(
-                    E.PLAN_ROLE_RECV.format(rank=rank, mesh=list(dst_grid.nested()))
-                )
+                raise ValueError(E.PLAN_ROLE_RECV.format(rank=rank, mesh=list(dst_grid.nested())))
             if self.sends:
                 if like is None:
                     raise ValueError(
@@ -265,10 +263,14 @@ class Transfer:
     def _source(self, td: Any) -> list[Tensor]:
         """This rank's local shards of ``td`` as the plan reads them (checked, reduced)."""
         if td is None:
-            raise ValueError(E.PLAN_ROLE_SOURCE.format(rank=self.rank, mesh=list(self.plan.src_mesh.nested())))
+            raise ValueError(
+                E.PLAN_ROLE_SOURCE.format(rank=self.rank, mesh=list(self.plan.src_mesh.nested()))
+            )
         sig = _signature(td) if is_node(td) else None
         if sig != self._sig:
-            raise ValueError(E.PLAN_STEP_LAYOUT.format(rank=self.rank, what=_sig_diff(self._sig, sig)))
+            raise ValueError(
+                E.PLAN_STEP_LAYOUT.format(rank=self.rank, what=_sig_diff(self._sig, sig))
+            )
         if self._reduce:
             from . import redistribute
 
@@ -318,7 +320,11 @@ class Transfer:
                         works.append((lk, lk.isend(text, X.FAILURE_TAG), "read why it failed"))
             else:
                 headers = [X.data_header(wire.OK, digest, step, 0, device) for _ in ss.peers]
-                pack = X.compiled_pack(self._key, self.rank, self.backend) if self.compile else _eager_pack(ss)
+                pack = (
+                    X.compiled_pack(self._key, self.rank, self.backend)
+                    if self.compile
+                    else _eager_pack(ss)
+                )
                 outs = pack(xs, headers)
             for peer, buf in zip(ss.peers, outs):
                 lk = self._link(peer)
@@ -337,7 +343,8 @@ class Transfer:
                 lk = self._link(peer)
                 problems.append(
                     E.SENDER_FAILED.format(
-                        src=peer, reason=wire._recv_text(h[5], lk, "say why it failed", X.FAILURE_TAG)
+                        src=peer,
+                        reason=wire._recv_text(h[5], lk, "say why it failed", X.FAILURE_TAG),
                     )
                 )
                 continue

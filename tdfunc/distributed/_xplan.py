@@ -116,8 +116,10 @@ def as_grid(mesh: Any) -> Grid:
         Grid(shape=(2,), ranks=(4, 5))
     """
     if isinstance(mesh, Grid):
-        return mesh
-    if isinstance(mesh, DeviceMesh):
+        if math.prod(mesh.shape) != len(mesh.ranks) or not mesh.shape:
+            raise ValueError(E.BAD_GRID.format(ranks=list(mesh.ranks)))
+        t = torch.tensor(mesh.ranks, dtype=torch.int64).reshape(mesh.shape)
+    elif isinstance(mesh, DeviceMesh):
         t = mesh.mesh
     elif isinstance(mesh, Tensor):
         t = mesh
@@ -128,6 +130,8 @@ def as_grid(mesh: Any) -> Grid:
             raise TypeError(E.BAD_GRID_TYPE.format(typ=type(mesh).__name__)) from e
     else:
         raise TypeError(E.BAD_GRID_TYPE.format(typ=type(mesh).__name__))
+    if t.numel() == 0:
+        raise ValueError(E.BAD_GRID.format(ranks=t.tolist()))
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise TypeError(E.BAD_GRID_TYPE.format(typ=f"tensor of {t.dtype}"))
     ranks = tuple(int(r) for r in t.flatten().tolist())
@@ -375,12 +379,14 @@ def _serving(
 
 def _serve_box(
     b: Box, rule: tuple[tuple[int, int | None, int], ...], mesh_shape: tuple[int, ...], coord: Any
-) -> Box:
+) -> Box | None:
+    """The part of its box the rank at ``coord`` serves (None: nothing, e.g. a 0-d leaf
+    served by another replica)."""
     for i, v, rot in rule:
         c = (coord[i] + rot) % mesh_shape[i]
         if v is None:
             if c != 0:
-                return tuple((lo, lo) for lo, _ in b)
+                return None
         else:
             b = _chunk(b, v, mesh_shape[i], c)
     return b
@@ -432,11 +438,16 @@ def plan_for(key: LayoutKey) -> TransferPlan:
             for c in src_coords:
                 if own is not None and all(c[i] == own[i] for i in shard_dims):
                     continue  # a replica of this rank's own box: already held
-                part = intersect(need, serve[c])
+                served = serve[c]
+                if served is None:
+                    continue
+                part = intersect(need, served)
                 if _empty(part):
                     continue
                 s = sg.rank_at(c)
-                raw.setdefault((s, d), []).append((_piece(li, s, d, part, boxes[c], need, item, 0), item))
+                raw.setdefault((s, d), []).append(
+                    (_piece(li, s, d, part, boxes[c], need, item, 0), item)
+                )
     messages = []
     for (s, d), items in sorted(raw.items()):
         items.sort(key=lambda pi: (-pi[1], pi[0].leaf, pi[0].start))
@@ -450,7 +461,9 @@ def plan_for(key: LayoutKey) -> TransferPlan:
     )
 
 
-def _piece(leaf: int, s: int, d: int, part: Box, held: Box, need: Box, item: int, off: int) -> Piece:
+def _piece(
+    leaf: int, s: int, d: int, part: Box, held: Box, need: Box, item: int, off: int
+) -> Piece:
     start = tuple(lo for lo, _ in part)
     return Piece(
         leaf=leaf,
@@ -495,9 +508,7 @@ def resolve_kinds(
     return tuple(out)
 
 
-def _shapes(
-    shapes: Any, dtypes: Any
-) -> tuple[list[tuple[KeyPath, Tensor]], str]:
+def _shapes(shapes: Any, dtypes: Any) -> tuple[list[tuple[KeyPath, Tensor]], str]:
     """``(path, meta tensor)`` pairs for the planner's ``shapes`` / ``dtypes`` arguments."""
     if is_node(shapes):
         pairs = leaves_with_paths(shapes)
@@ -527,9 +538,7 @@ def _shapes(
             found = list(dtypes)
             if len(found) != len(paths):
                 raise ValueError(E.PLAN_DTYPES.format(n=len(found), leaves=len(paths)))
-    pairs = [
-        (p, torch.empty(s, dtype=dt, device="meta")) for p, s, dt in zip(paths, sizes, found)
-    ]
+    pairs = [(p, torch.empty(s, dtype=dt, device="meta")) for p, s, dt in zip(paths, sizes, found)]
     return pairs, cls_name
 
 
@@ -596,4 +605,3 @@ def transfer_plan(
         dst_mesh=dg,
     )
     return plan_for(key)
-
