@@ -8,6 +8,7 @@ rank and its traceback.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import signal
@@ -361,6 +362,7 @@ def run_two(rank: int, world: int) -> dict[str, Any]:
 
     # tensorclass
     res["tensorclass"] = _tensorclass_checks(mesh)
+    res["tensors"] = returns_tensors(rank, world)  # tensors travel back by value
     res["laps"] = lap.times
     return res
 
@@ -382,16 +384,27 @@ def _tensorclass_checks(mesh: DeviceMesh) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 # 4 ranks: 2-D mesh and send / recv between meshes A = [0, 1] and B = [2, 3]
 # --------------------------------------------------------------------------------------
-def run_four(rank: int, world: int) -> dict[str, Any]:
-    """A 2-D mesh, then send / recv from mesh A (ranks 0, 1) to mesh B (ranks 2, 3)."""
+def four_meshes() -> dict[str, DeviceMesh]:
+    """The meshes of :func:`run_four` (every rank of the world builds them, in this order)."""
+    return {
+        "mesh2d": DeviceMesh("cpu", [[0, 1], [2, 3]]),
+        "mesh_a": DeviceMesh("cpu", [0, 1]),
+        "mesh_b": DeviceMesh("cpu", [2, 3]),
+        "row_a": DeviceMesh("cpu", [[0, 1]]),
+        "row_b": DeviceMesh("cpu", [[2, 3]]),
+        "first4": DeviceMesh("cpu", [0, 1, 2, 3]),
+    }
+
+
+def run_four(rank: int, world: int, meshes: dict[str, DeviceMesh] | None = None) -> dict[str, Any]:
+    """A 2-D mesh, then send / recv from mesh A (ranks 0, 1) to mesh B (ranks 2, 3); on
+    ranks 0-3 of a larger world when ``meshes`` come from :func:`four_meshes`."""
     res: dict[str, Any] = {}
     lap = Laps()
     eager = {"compile": False}
-    mesh2d = init_device_mesh("cpu", (2, 2))
-    mesh_a = DeviceMesh("cpu", [0, 1])
-    mesh_b = DeviceMesh("cpu", [2, 3])
-    row_a = DeviceMesh("cpu", [[0, 1]])
-    row_b = DeviceMesh("cpu", [[2, 3]])
+    meshes = meshes or four_meshes()
+    mesh2d, mesh_a, mesh_b = meshes["mesh2d"], meshes["mesh_a"], meshes["mesh_b"]
+    row_a, row_b = meshes["row_a"], meshes["row_b"]
     lap("meshes")
 
     # 2-D mesh sweep against DTensor leaf by leaf
@@ -566,7 +579,7 @@ def run_four(rank: int, world: int) -> dict[str, Any]:
         res["err_recv_not_in_mesh"] = caught(lambda: tdd.recv(peer, mesh=mesh_a))
         res["err_bad_header"] = caught(lambda: tdd.recv(peer, mesh=mesh_b))
         res["err_not_in_mesh"] = caught(lambda: tdd.distribute(small, mesh_a, [Shard(0)]))
-    dist.barrier()
+    dist.barrier(group=meshes["first4"].get_group())
     lap("errors")
     res["laps"] = lap.times
     return res
@@ -747,7 +760,11 @@ def _check_received(got: Any, full: Any, mesh: DeviceMesh) -> dict[str, Any]:
         if any(isinstance(p, Partial) for p in x.placements):
             expected = x.to_local()  # checked through full_tensor below
         local = x.to_local()
-        if local.dtype != ref.dtype or local.shape != expected.shape or not torch.equal(local, expected):
+        if (
+            local.dtype != ref.dtype
+            or local.shape != expected.shape
+            or not torch.equal(local, expected)
+        ):
             wrong.append(str(path))
     return {"wrong": wrong, "worst": worst, "n": len(list(full.leaves()))}
 
@@ -764,20 +781,46 @@ def _float_full(got: Any) -> Any:
     return tdd.full_tensor(keep, compile=False)
 
 
-def run_plan(rank: int, world: int) -> dict[str, Any]:
+def plan_meshes() -> dict[str, DeviceMesh]:
+    """The meshes of :func:`run_plan` (every rank of the world builds them, in this order)."""
+    return {
+        "m_2x2": DeviceMesh("cpu", [[0, 1], [2, 3]]),
+        "m_45": DeviceMesh("cpu", [4, 5]),
+        "m_01": DeviceMesh("cpu", [0, 1]),
+        "m_23": DeviceMesh("cpu", [2, 3]),
+        "m_0123": DeviceMesh("cpu", [0, 1, 2, 3]),
+        "m_34": DeviceMesh("cpu", [3, 4]),
+        "m_12": DeviceMesh("cpu", [1, 2]),
+        "m_4": DeviceMesh("cpu", [4]),
+    }
+
+
+def run_six(rank: int, world: int) -> dict[str, Any]:
+    """One launch of 6 ranks for two modules: :func:`run_four` on ranks 0-3 (its results under
+    ``"four"``), then :func:`run_plan` on all six (under ``"plan"``). Ranks 4 and 5 start the
+    planned transfers at once and wait in the first handshake for ranks 0-3."""
+    fm, pm = four_meshes(), plan_meshes()  # collective setup: every rank, same order
+    four = run_four(rank, 4, fm) if rank < 4 else {}
+    return {"four": four, "plan": run_plan(rank, world, pm)}
+
+
+@functools.cache
+def six() -> list[dict[str, Any]]:
+    """The results of :func:`run_six`, launched once per test session."""
+    from tdfunc.testing import launch
+
+    return launch(run_six, 6, timeout=400, pg_timeout=60)
+
+
+def run_plan(rank: int, world: int, meshes: dict[str, DeviceMesh] | None = None) -> dict[str, Any]:
     """Planned transfers on 6 ranks; every rank builds every mesh (collective setup)."""
     from _dist_tc import Pair
 
     res: dict[str, Any] = {}
     lap = Laps()
-    m_2x2 = DeviceMesh("cpu", [[0, 1], [2, 3]])
-    m_45 = DeviceMesh("cpu", [4, 5])
-    m_01 = DeviceMesh("cpu", [0, 1])
-    m_23 = DeviceMesh("cpu", [2, 3])
-    m_0123 = DeviceMesh("cpu", [0, 1, 2, 3])
-    m_34 = DeviceMesh("cpu", [3, 4])
-    m_12 = DeviceMesh("cpu", [1, 2])
-    m_4 = DeviceMesh("cpu", [4])
+    meshes = meshes or plan_meshes()
+    m_2x2, m_45, m_01, m_23 = meshes["m_2x2"], meshes["m_45"], meshes["m_01"], meshes["m_23"]
+    m_0123, m_34, m_12, m_4 = meshes["m_0123"], meshes["m_34"], meshes["m_12"], meshes["m_4"]
     lap("meshes")
     full = mixed_full()
     res["leaves"] = len(list(full.leaves()))

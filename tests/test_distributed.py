@@ -43,7 +43,8 @@ def two() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def four() -> list[dict[str, Any]]:
-    return launch(W.run_four, 4, timeout=240, pg_timeout=60)
+    # ranks 0-3 of the 6-rank launch shared with tests/test_distributed_plan.py
+    return [r["four"] for r in W.six()[:4]]
 
 
 # --------------------------------------------------------------------------------------
@@ -261,6 +262,12 @@ def test_launcher_deadline_kills() -> None:
 
 def test_free_port() -> None:
     assert 0 < free_port() < 65536
+
+
+def test_launcher_returns_tensors_by_value(two: list[dict[str, Any]]) -> None:
+    for rank, r in enumerate(two):
+        assert torch.equal(r["tensors"]["x"], torch.arange(4) + rank)
+        assert torch.equal(r["tensors"]["y"], torch.full((2, 2), float(rank)))
 
 
 # --------------------------------------------------------------------------------------

@@ -10,14 +10,17 @@ ordinary value here: every function takes one and returns a new one of the same 
   leaves costs the collectives of a single tensor.
 * :func:`to_local`, :func:`full_tensor`: DTensors -> local shards or full tensors.
 * :func:`send`, :func:`recv`: move a sharded container between groups of ranks in one
-  consolidated message per peer, with structured JSON metadata (never pickle).
+  consolidated message per peer, with structured JSON metadata (never pickle). Between two
+  meshes (strategy ``"plan"``, the default for a receiving mesh), each receiver gets exactly
+  the slices it keeps; :class:`Transfer` is the reusable form (weight sync every step) and
+  :func:`transfer_plan` the pure planner behind both.
 
 Every function runs on every rank of the mesh (collectives inside), like DTensor itself; the
 ranks check once per transition that they ask for the same one (``ValueError`` on all of them
 otherwise, never mixed data). :func:`send` / :func:`recv` wait for their peer at most
 ``timeout`` seconds. The examples below run in a one-process gloo group; real programs start
-one process per rank (``torchrun``; ``examples/dtensor_transfer.py`` uses the small launcher
-of the tests).
+one process per rank (``torchrun``; ``examples/dtensor_transfer.py`` and
+``examples/weight_sync.py`` use ``tdfunc.testing.launch``).
 
 Example:
     >>> import torch, torch.distributed as dist, tdfunc

@@ -271,6 +271,7 @@ class TransferPlan:
     """Which slices of which leaves move between two meshes (see :func:`transfer_plan`).
 
     Attributes:
+        key: the :class:`LayoutKey` it was planned from (plans are cached by it).
         leaves: one :class:`LeafSpec` per leaf, in order.
         src_mesh, dst_mesh: the two meshes as :class:`Grid` s.
         messages: one :class:`Message` per (sender, receiver) pair that exchanges data,
@@ -281,12 +282,14 @@ class TransferPlan:
 
     def __init__(
         self,
+        key: LayoutKey,
         leaves: tuple[LeafSpec, ...],
         src_mesh: Grid,
         dst_mesh: Grid,
         messages: tuple[Message, ...],
         local: dict[int, tuple[Piece, ...]],
     ) -> None:
+        self.key = key
         self.leaves = leaves
         self.src_mesh = src_mesh
         self.dst_mesh = dst_mesh
@@ -457,7 +460,12 @@ def plan_for(key: LayoutKey) -> TransferPlan:
             off += p.nbytes
         messages.append(Message(s, d, tuple(pieces), off))
     return TransferPlan(
-        tuple(specs), sg, dg, tuple(messages), {r: tuple(ps) for r, ps in sorted(local.items())}
+        key,
+        tuple(specs),
+        sg,
+        dg,
+        tuple(messages),
+        {r: tuple(ps) for r, ps in sorted(local.items())},
     )
 
 
