@@ -112,7 +112,7 @@ def report(results: list[dict[str, Any]]) -> None:
         step_ms = ", ".join(f"{t * 1e3:.1f}" for t in r["times"])
         print(
             f"rank {rank} (inference): received {r['received']} B per step; receive times "
-            f"[{step_ms}] ms (the first one plans, handshakes and compiles)"
+            f"[{step_ms}] ms (the first one includes compiling the pack and unpack graphs)"
         )
     inference = [r for r in results if r["role"] == "inference"]
     first = inference[0]

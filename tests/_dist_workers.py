@@ -906,7 +906,9 @@ def run_plan(rank: int, world: int, meshes: dict[str, DeviceMesh] | None = None)
     )
     if rank < 4:
         parts = {
-            "r": distribute_tensor(small["r"], m_2x2, [Replicate(), Shard(0)], src_data_rank=None),
+            "r": distribute_tensor(
+                small["r"], m_2x2, [Replicate(), Shard(0)], src_data_rank=None
+            ).requires_grad_(True),
             "p": make_source(small["p"], m_2x2, (Partial(), Shard(1)), 0),
             "q": make_source(small["q"], m_2x2, (Partial(), Partial()), 0),
             "plain": small["plain"],
@@ -924,6 +926,7 @@ def run_plan(rank: int, world: int, meshes: dict[str, DeviceMesh] | None = None)
         res["E_values"] = max((ff[k] - small[k]).abs().max().item() for k in ("r", "p", "q"))
         res["E_plain"] = got["plain"].tolist()
         res["E_plain_type"] = type(got["plain"]).__name__
+        res["E_grad"] = [got["r"].requires_grad, got["r"].is_leaf, got["p"].requires_grad]
         res["E_partial_local"] = float(got["p"].to_local().abs().sum())
     if rank < 2:
         p = Pair(x=reference_full((4, 2), 1), y=reference_full((4,), 2), batch_size=[4])

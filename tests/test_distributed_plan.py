@@ -98,6 +98,7 @@ def test_replicated_and_partial(six: list[dict[str, Any]]) -> None:
         assert r["E_values"] < 1e-6  # Partial sources reduced, Partial("sum") target
         assert r["E_plain"] == [0, 1, 2, 3, 4]
         assert r["E_plain_type"] == "Tensor"
+        assert r["E_grad"] == [True, True, False]  # requires_grad travels; a fresh leaf
     assert six[4]["E_partial_local"] > 0  # coordinate 0 of Partial("sum") holds the values
     assert six[5]["E_partial_local"] == 0.0  # the others hold zeros
     assert six[4]["E_tc"] == ["Pair", [4], True]

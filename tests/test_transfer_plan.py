@@ -513,3 +513,16 @@ def test_random_layouts_move_the_right_values(layout: tuple[Any, ...], seed: int
 
 def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def test_cache_clear_drops_plans_and_graphs() -> None:
+    from tdfunc import distributed as tdd
+    from tdfunc.distributed import _cross as X
+
+    plan = transfer_plan({"x": (4, 6)}, [0, 1], [Shard(0)], [2], [Replicate()])
+    X.compiled_pack(plan.key, 0, "eager")
+    X.recv_side(plan.key, 2, "cpu")
+    tdd.cache_clear()
+    assert plan_for.cache_info().currsize == 0
+    assert X.compiled_pack.cache_info().currsize == 0
+    assert X.recv_side.cache_info().currsize == 0
