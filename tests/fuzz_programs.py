@@ -309,7 +309,7 @@ def containers(draw: Any) -> NodeSpec:
 def at_set_leaf(t: Tensor, idx: Any, value: Any) -> Tensor:
     """Leaf form of ``at[idx].set(value)`` (``idx`` over explicit leading dims)."""
     y = t.clone()
-    y[idx] = value
+    y[idx] = torch.as_tensor(value, dtype=t.dtype)  # JAX semantics: the value takes t's dtype
     return y
 
 
@@ -633,8 +633,10 @@ def same_error(eager: BaseException, compiled: BaseException) -> bool:
         return False
     if isinstance(compiled, torch._dynamo.exc.TorchRuntimeError):
         # fake tensors may reject an input at another op of the same program than eager does
-        # (e.g. abs vs sub of bool tensors): a RuntimeError and a NotImplementedError agree
-        return issubclass(kind, type(eager)) or isinstance(eager, kind)
+        # (e.g. abs vs sub of bool tensors): a RuntimeError and a NotImplementedError agree;
+        # and a fake kernel may raise another type than the real one for the same rejection
+        # (amax over an empty dim: IndexError eagerly, RuntimeError from the fake kernel)
+        return issubclass(kind, type(eager)) or isinstance(eager, kind) or _from_torch(eager)
     return issubclass(kind, type(eager))
 
 
@@ -1019,6 +1021,10 @@ def check_compiled(prog: Program, backend: str = "eager") -> None:
     invariant, at most one frame, no recompile for new values of the same structure."""
     fn = prog.function()
     x = prog.build(0)
+    if AVOID["leafless_meta_probe"] and not leaf_items(x) and "torch.bool" in prog.source():
+        # a container without leaves indexed by a mask: the meta probe's data-dependent size
+        # is never returned (Dynamo: PendingUnbackedSymbolNotFound); see leafless_meta_probe
+        return
     snap, batches = snapshot(x), node_batches(x)
     eager = Outcome(fn, x)
     torch._dynamo.reset()
