@@ -57,6 +57,7 @@ from . import _cross as cross
 from . import _errors as E
 from . import _placements as codec
 from . import _plan as plan_mod
+from . import _sync
 from . import _transfer as wire
 from . import _xplan as xplan
 from ._agree import agreed_plan, check, placements_of, reject
@@ -72,7 +73,7 @@ _LAUNCH = ("launch", "free_port", "RankError")
 _CODECS = ("encode_placement", "encode_placements", "decode_placement", "decode_placements")
 
 #: torch.compile backend of the redistribution graphs unless ``backend=`` says otherwise.
-DEFAULT_BACKEND = "aot_eager"
+DEFAULT_BACKEND = _sync.DEFAULT_BACKEND
 #: seconds each step of :func:`send` / :func:`recv` waits for the peer unless ``timeout=``
 #: says otherwise (``None``: the process group's timeout, 30 minutes by default).
 DEFAULT_TIMEOUT = wire.DEFAULT_TIMEOUT
@@ -512,17 +513,12 @@ def full_tensor(td: T, *, compile: bool = True, backend: Any = DEFAULT_BACKEND) 
 # --------------------------------------------------------------------------------------
 # send / recv
 # --------------------------------------------------------------------------------------
-def _check_timeout(timeout: Any) -> None:
-    """``ValueError`` unless ``timeout`` is None or a positive number of seconds (checked
-    before any message, so the peer sees this rank as silent and times out naming it)."""
-    if timeout is None:
-        return
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(E.BAD_TIMEOUT.format(timeout=timeout))
+#: ``ValueError`` unless ``timeout`` is None or a positive number of seconds (checked before
+#: any message, so the peer sees this rank as silent and times out naming it)
+_check_timeout = _sync.check_timeout
 
 
-def _reason(e: BaseException) -> str:
-    return str(e.args[0]) if e.args else type(e).__name__
+_reason = cross.reason
 
 
 def _outgoing(td: Any, strategy: str, compile: bool, backend: Any) -> wire.Outgoing:

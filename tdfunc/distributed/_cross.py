@@ -56,7 +56,15 @@ from . import _plan as plan_mod
 from . import _transfer as wire
 from ._agree import _hash
 from ._mesh import check_node, common_mesh
-from ._xplan import Grid, LayoutKey, TransferPlan, as_grid, kind_of, plan_for, resolve_kinds
+from ._xplan import (
+    Grid,
+    LayoutKey,
+    as_grid,
+    kind_of,
+    placement_of,
+    plan_for,
+    resolve_kinds,
+)
 
 XTAG = wire.TAG_BASE + 0x2000
 LAYOUT_HEAD_TAG = XTAG + 1
@@ -174,8 +182,6 @@ def resolve_targets(layout: dict[str, Any], spec: Any, dst: Grid) -> list[Any]:
 
 
 def _placements(ks: Sequence[Any]) -> tuple[Any, ...]:
-    from ._xplan import placement_of
-
     return tuple(placement_of(k) for k in ks)
 
 
@@ -273,7 +279,7 @@ def _read_text(link: wire.Peer, head_tag: int, text_tag: int, step: str) -> tupl
 def _answer(side: Side, layout: dict[str, Any]) -> tuple[int, str, BaseException | None]:
     """This rank's answer to the layout: ``(status, text, own exception)``."""
     if side.error is not None:
-        return FAILED, _reason(side.error), side.error
+        return FAILED, reason(side.error), side.error
     try:
         if side.layout is not None:
             diff = _differs(side.layout, layout)
@@ -285,11 +291,12 @@ def _answer(side: Side, layout: dict[str, Any]) -> tuple[int, str, BaseException
                 )
         targets = side.answer(layout)
     except (TypeError, ValueError, KeyError) as e:
-        return FAILED, _reason(e), e
+        return FAILED, reason(e), e
     return OK, json.dumps({"placements": targets}, separators=(",", ":")), None
 
 
-def _reason(e: BaseException) -> str:
+def reason(e: BaseException) -> str:
+    """The message of an exception (its first argument), or its type's name."""
     return str(e.args[0]) if e.args else type(e).__name__
 
 
@@ -367,21 +374,21 @@ def handshake(
 
 def _lead(side: Side, links: list[wire.Peer]) -> tuple[dict[str, Any], list[Any]]:
     if side.error is not None or side.layout is None:
-        reason = (
-            _reason(side.error)
+        why = (
+            reason(side.error)
             if side.error is not None
             else E.PLAN_ROLE_SOURCE.format(rank=side.rank, mesh=list(side.src.nested()))
         )
         works = [
             (lk, w)
             for lk in links
-            for w in _post_text(lk, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, FAILED, reason)
+            for w in _post_text(lk, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, FAILED, why)
         ]
         for lk, w in works:
             lk.finish(w, "read the layout")
         if side.error is not None:
             raise side.error
-        raise ValueError(reason)
+        raise ValueError(why)
     layout = side.layout
     text = json.dumps(layout, separators=(",", ":"))
     works = [
@@ -413,41 +420,26 @@ def _lead(side: Side, links: list[wire.Peer]) -> tuple[dict[str, Any], list[Any]
 # packing and unpacking (traced by torch.compile)
 # --------------------------------------------------------------------------------------
 class SendSide(NamedTuple):
-    """A sender's static view: per receiver, ``(leaf, src_start, size)`` of each piece, and
-    the local shape of each leaf."""
+    """A sender's static view: its receivers, ``(leaf, src_start, size)`` of each piece it owes
+    each of them, and each message's payload bytes."""
 
     peers: tuple[int, ...]
     pieces: tuple[tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...], ...]
     nbytes: tuple[int, ...]
-    local_shapes: tuple[tuple[int, ...], ...]
 
 
 class RecvSide(NamedTuple):
     """A receiver's static view: incoming pieces per sender
     ``(leaf, offset, nbytes, size, dst_start)``, local copies ``(leaf, src_start, size,
-    dst_start)``, and each leaf's target ``(shape, dtype, all zeros)``."""
+    dst_start)``, each leaf's target ``(shape, dtype, all zeros)`` and the device of the
+    results."""
 
     peers: tuple[int, ...]
     nbytes: tuple[int, ...]
     pieces: tuple[tuple[tuple[int, int, int, tuple[int, ...], tuple[int, ...]], ...], ...]
     local: tuple[tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...]
     targets: tuple[tuple[tuple[int, ...], torch.dtype, bool], ...]
-    local_shapes: tuple[tuple[int, ...], ...]
     device: str
-
-
-def _src_local_shapes(plan: TransferPlan, rank: int) -> tuple[tuple[int, ...], ...]:
-    coord = plan.src_mesh.coord(rank)
-    if coord is None:
-        return ()
-    from ._xplan import _reduced, box_of
-
-    out = []
-    for spec in plan.leaves:
-        ks = tuple(kind_of(p, ()) for p in (spec.reduced or spec.src))
-        b = box_of(spec.shape, plan.src_mesh.shape, _reduced(ks), coord)
-        out.append(tuple(hi - lo for lo, hi in b))
-    return tuple(out)
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
@@ -459,7 +451,6 @@ def send_side(key: LayoutKey, rank: int) -> SendSide:
         peers=tuple(m.dst for m in msgs),
         pieces=tuple(tuple((p.leaf, p.src_start, p.size) for p in m.pieces) for m in msgs),
         nbytes=tuple(m.nbytes for m in msgs),
-        local_shapes=_src_local_shapes(plan, rank),
     )
 
 
@@ -480,7 +471,6 @@ def recv_side(key: LayoutKey, rank: int, device: str) -> RecvSide:
         ),
         local=tuple((p.leaf, p.src_start, p.size, p.dst_start) for p in plan.local.get(rank, ())),
         targets=tuple(targets),
-        local_shapes=_src_local_shapes(plan, rank),
         device=device,
     )
 
@@ -642,8 +632,6 @@ def box_results(
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def _specs(key: LayoutKey, mesh: DeviceMesh) -> tuple[DTensorSpec | None, ...]:
-    from ._xplan import placement_of
-
     out: list[DTensorSpec | None] = []
     for shape, dtype, ks, plain in zip(key.shapes, key.dtypes, key.dst, key.plain):
         if plain:

@@ -311,8 +311,7 @@ class Transfer:
         if self.sends:
             ss = X.send_side(self._key, self.rank)
             if failure is not None:
-                reason = str(failure.args[0]) if failure.args else type(failure).__name__
-                text = wire._bytes_tensor(reason, device)
+                text = wire._bytes_tensor(X.reason(failure), device)
                 outs = [X.failed_buffer(n, digest, step, text) for n in ss.nbytes]
                 for peer in ss.peers:
                     lk = self._link(peer)
