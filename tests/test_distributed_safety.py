@@ -9,6 +9,7 @@ under test hangs (the launcher then kills the ranks and the test fails with a ``
 from __future__ import annotations
 
 import importlib
+import pickle
 import warnings
 from typing import Any
 
@@ -288,3 +289,11 @@ def test_rebatch_keeps_every_node_valid(
     assert out["n", "c"].shape == c
     assert list(td.batch_size) == [4]  # input not modified
     assert list(td["n"].batch_size) == [4, 3]
+
+
+def test_launcher_reports_arguments_that_cannot_reach_the_ranks() -> None:
+    """The spawn start method pickles ``args``: that error is the one raised (the launcher
+    used to hide it behind an AssertionError while cleaning up ranks it never started)."""
+    with pytest.raises((AttributeError, TypeError, pickle.PicklingError)) as e:
+        launch(W.sleeps, 2, args=(lambda: 0,), timeout=30)
+    assert "pickle" in str(e.value).lower()
