@@ -163,7 +163,7 @@ def _describe(node: Node, prefix: KeyPath, layout: _Layout) -> dict[str, Any]:
             children[k] = _describe(v, path, layout)
         else:
             raise TypeError(f"key {fmt_key(path)}: cannot save a child of type {type(v).__name__}")
-    static: tuple[tuple[str, Any], ...] = getattr(node, "_tdf_static", tuple)()
+    static: tuple[tuple[str, Any], ...] = node._tdf_static()
     return {
         "kind": "node",
         "type": _type_name(node),

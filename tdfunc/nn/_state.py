@@ -145,7 +145,7 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str, def
 
 def _mark(t: Any) -> None:
     if isinstance(t, _Watched):
-        getattr(t, "_tdf_root", t)._tdf_written = True
+        getattr(t, "_watch_root", t)._watch_written = True
 
 
 class _Watched(Tensor):
@@ -158,8 +158,8 @@ class _Watched(Tensor):
     call is mutated (``torch.compile`` accepts this inside ``scan``/``while_loop`` bodies).
     """
 
-    _tdf_written: bool  # set on a clone: the module wrote it
-    _tdf_root: _Watched  # set on a view: the watched tensor it aliases
+    _watch_written: bool  # set on a clone: the module wrote it
+    _watch_root: _Watched  # set on a view: the watched tensor it aliases
 
     @classmethod
     def __torch_function__(
@@ -189,7 +189,7 @@ class _Watched(Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             result = func(*args, **kwargs)
         if func in _VIEWS and args and isinstance(args[0], _Watched):
-            root = getattr(args[0], "_tdf_root", args[0])
+            root = getattr(args[0], "_watch_root", args[0])
             if isinstance(result, (tuple, list)):
                 return type(result)(_watch_view(r, root) for r in result)
             return _watch_view(result, root)
@@ -198,7 +198,7 @@ class _Watched(Tensor):
 
 def _watch_view(view: Tensor, root: _Watched) -> _Watched:
     w = view.as_subclass(_Watched)
-    w._tdf_root = root
+    w._watch_root = root
     return w
 
 
@@ -241,14 +241,14 @@ def call_tracking_writes(
     clones: list[_Watched] = []
     for t in tensors.values():
         c = lazy_clone(t).as_subclass(_Watched)
-        c._tdf_written = False
+        c._watch_written = False
         clones.append(c)
     given: dict[str, Tensor] = dict(zip(tensors, clones))
     out = torch.func.functional_call(module, given, args, kwargs, tie_weights=tie_weights)
     written: dict[str, Tensor] = {}
     # ``given`` now holds what the module rebound (torch.func writes it back there)
     for (name, now), clone in zip(given.items(), clones):
-        if clone._tdf_written or now is not clone:
+        if clone._watch_written or now is not clone:
             written[name] = _plain(now)
     return out, written
 
