@@ -68,6 +68,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 from .._keys import fmt_key
+from .._tensorclass import is_tensorclass
 from .._tree import KeyPath, Node, is_node
 from . import _errors as E
 from ._tensor import (
@@ -650,10 +651,11 @@ class _Reader:
         path: KeyPath,
     ) -> Any:
         """The node, built by name through the class's own validating constructor."""
-        fields = getattr(cls, "_tdf_fields", None)
-        if fields is not None:  # a tensorclass: children and static fields must match by name
-            statics = tuple(getattr(cls, "_tdf_static_names", ()))
-            tensors = tuple(f for f in fields if f not in statics)
+        tc = is_tensorclass(cls)
+        if tc:  # children and static fields must match the class's fields by name
+            tc_cls: Any = cls  # a tensorclass type: its field tables are class attributes
+            statics = tc_cls._tdf_static_names
+            tensors = tuple(f for f in tc_cls._tdf_fields if f not in statics)
             for what, got, want in (("fields", kids, tensors), ("static fields", static, statics)):
                 if set(got) != set(want):
                     raise self.corrupt(
@@ -666,7 +668,7 @@ class _Reader:
             if any(v is None for v in kids.values()):
                 raise self.corrupt(f"node {_where(path)} of type {name} has a 'none' child")
         try:
-            if fields is not None:
+            if tc:
                 return cls(**kids, **static, batch_size=bs, device=device)
             return cls(kids, batch_size=bs, device=device)
         except (TypeError, ValueError, KeyError) as e:

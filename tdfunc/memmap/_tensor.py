@@ -412,7 +412,7 @@ class MemoryMappedTensor(Tensor):
             s: torch.UntypedStorage = inner[0 : inner.nbytes()]
             if self._mode == "r":
                 s.__class__ = ReadOnlyStorage
-                cast(ReadOnlyStorage, s)._tdf_filename = self._filename
+                cast(ReadOnlyStorage, s)._readonly_filename = self._filename
             self._storage = s
         return self._storage
 
@@ -771,7 +771,7 @@ def protect(t: Tensor, mode: str, filename: str) -> Tensor:
         s = t.untyped_storage()
         if type(s) is torch.UntypedStorage:
             s.__class__ = ReadOnlyStorage
-            cast(ReadOnlyStorage, s)._tdf_filename = filename
+            cast(ReadOnlyStorage, s)._readonly_filename = filename
     return t
 
 
@@ -797,10 +797,23 @@ def leaf_tensor(
     return protect(t, mode, filename)
 
 
-def _refuse_storage(s: Any, op: str) -> PermissionError:
-    return PermissionError(
-        E.READ_ONLY.format(filename=getattr(s, "_tdf_filename", "?"), op=f"storage {op}")
-    )
+#: storage methods that write; on a read-only leaf's storages each raises PermissionError
+_STORAGE_WRITES = ("copy_", "fill_", "zero_", "__setitem__", "resize_", "byteswap")
+#: more writes that only untyped storages have (file and shared-memory plumbing)
+_UNTYPED_STORAGE_WRITES = ("_set_from_file", "_share_fd_cpu_", "_share_filename_cpu_")
+
+
+def _refusing(op: str) -> Any:
+    """A storage method that refuses ``op``, naming the read-only file."""
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        untyped = self if isinstance(self, ReadOnlyStorage) else self._untyped_storage
+        raise PermissionError(
+            E.READ_ONLY.format(filename=untyped._readonly_filename, op=f"storage {op}")
+        )
+
+    refuse.__name__ = op
+    return refuse
 
 
 class ReadOnlyStorage(torch.UntypedStorage):
@@ -808,34 +821,7 @@ class ReadOnlyStorage(torch.UntypedStorage):
     ``PermissionError`` naming the file (``share_memory_`` is a no-op: the data is shared by
     file reference)."""
 
-    _tdf_filename: str  # set when a storage becomes read-only
-
-    def copy_(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self, "copy_")
-
-    def fill_(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self, "fill_")
-
-    def zero_(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self, "zero_")
-
-    def __setitem__(self, *args: Any, **kwargs: Any) -> None:
-        raise _refuse_storage(self, "__setitem__")
-
-    def resize_(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self, "resize_")
-
-    def byteswap(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self, "byteswap")
-
-    def _set_from_file(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self, "_set_from_file")
-
-    def _share_fd_cpu_(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self, "_share_fd_cpu_")
-
-    def _share_filename_cpu_(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self, "_share_filename_cpu_")
+    _readonly_filename: str  # set when a storage becomes read-only
 
     def share_memory_(self) -> Any:
         return self
@@ -844,26 +830,15 @@ class ReadOnlyStorage(torch.UntypedStorage):
 class ReadOnlyTypedStorage(torch.TypedStorage):
     """``leaf.storage()`` of a read-only leaf: reads work, writes raise ``PermissionError``."""
 
-    def copy_(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self._untyped_storage, "copy_")
-
-    def fill_(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self._untyped_storage, "fill_")
-
-    def zero_(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self._untyped_storage, "zero_")
-
-    def __setitem__(self, *args: Any, **kwargs: Any) -> None:
-        raise _refuse_storage(self._untyped_storage, "__setitem__")
-
-    def resize_(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self._untyped_storage, "resize_")
-
-    def byteswap(self, *args: Any, **kwargs: Any) -> Any:
-        raise _refuse_storage(self._untyped_storage, "byteswap")
-
     def share_memory_(self) -> Any:
         return self
+
+
+for _op in (*_STORAGE_WRITES, *_UNTYPED_STORAGE_WRITES):
+    setattr(ReadOnlyStorage, _op, _refusing(_op))
+for _op in _STORAGE_WRITES:
+    setattr(ReadOnlyTypedStorage, _op, _refusing(_op))
+del _op
 
 
 def mapped_identity(t: Tensor) -> tuple[int, int] | None:
