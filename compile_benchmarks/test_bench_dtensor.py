@@ -103,7 +103,7 @@ class _Recorder:
 
 def _sync(out: Any) -> None:
     """Wait for every pending collective result (eager DTensor may return them lazily)."""
-    leaves = out.leaves() if tdfunc.is_node(out) else out if isinstance(out, list) else []
+    leaves = out.leaves() if tdfunc.is_container(out) else out if isinstance(out, list) else []
     for x in leaves:
         local = x._local_tensor if isinstance(x, DTensor) else x
         wait = getattr(local, "wait", None)

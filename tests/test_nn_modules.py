@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from conftest import check_compiled, compare, snapshot
+from helpers import check_compiled, compare, snapshot
 from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
