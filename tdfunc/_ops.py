@@ -213,6 +213,20 @@ def normalize_index(idx: Any, batch_size: torch.Size) -> tuple[Any, ...]:
     return parts
 
 
+_ROW_DTYPES = (torch.int64, torch.int32)
+
+
+def _is_row_gather(idx: Any, node: Any) -> bool:
+    """``idx`` is a 1-D integer tensor (not vmapped) picking rows of the first batch dim."""
+    return (
+        isinstance(idx, Tensor)
+        and idx.ndim == 1
+        and idx.dtype in _ROW_DTYPES
+        and len(node._batch_size) > 0
+        and not _is_batched(idx)
+    )
+
+
 def index(node: Any, idx: Any) -> Any:
     """``node[idx]`` over the batch dims: int, slice, None, Ellipsis, bool mask, long tensor,
     list, and tuples of these.
@@ -226,6 +240,14 @@ def index(node: Any, idx: Any) -> Any:
     key: Any
     if isinstance(idx, (int, slice)) and not isinstance(idx, bool) and node._batch_size:
         key = idx  # fast path: one int or slice on the first batch dim
+    elif _is_row_gather(idx, node):
+        # rows of the first batch dim (a replay sample): ``index_select`` is several times
+        # faster than advanced indexing on CPU; negative rows are wrapped first, so the
+        # values and the error type (IndexError out of range) are those of ``x[idx]``
+        pos = torch.where(idx < 0, idx + node._batch_size[0], idx)
+        return _map_shape(
+            node, lambda x: x.index_select(0, pos) if x.device == pos.device else x[idx]
+        )
     else:
         parts = normalize_index(idx, node._batch_size)
         key = parts[0] if len(parts) == 1 else parts  # x[i] is cheaper than x[(i,)]
@@ -775,6 +797,9 @@ _FOREACH: dict[Callable[..., Any], Callable[..., Any]] = {
     operator.truediv: torch._foreach_div,
 }
 
+#: ``number op leaf == leaf op number`` for these (same values, same type promotion)
+_COMMUTATIVE = (operator.add, operator.mul)
+
 
 def as_operand(x: Any) -> Any:
     if isinstance(x, (Tensor, int, float, bool, complex)) or is_node(x):
@@ -835,6 +860,14 @@ def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
             check_batch_invariant(a, out, a._batch_size, getattr(op, "__name__", "op"))
         return map_leaves(a, out)
     ls = leaves(b)
+    if (
+        op in _COMMUTATIVE
+        and isinstance(a, (int, float))
+        and not isinstance(a, bool)
+        and _can_foreach(ls)
+    ):
+        # ``lr * grads``: a number times (plus) every leaf is one foreach call
+        return map_leaves(b, _FOREACH[op](ls, a))
     out = [op(a, x) for x in ls]
     if isinstance(a, Tensor) and a.ndim > 0:
         check_batch_invariant(b, out, b._batch_size, getattr(op, "__name__", "op"))

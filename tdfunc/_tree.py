@@ -152,9 +152,10 @@ def as_batch_size(batch_size: Any) -> torch.Size:
 # leaves and rebuilding
 # --------------------------------------------------------------------------------------
 def _collect(node: Node, out: list[Tensor]) -> None:
+    append = out.append
     for v in node._tdf_children():
         if isinstance(v, Tensor):
-            out.append(v)
+            append(v)
         elif v is not None:
             _collect(v, out)
 
@@ -203,15 +204,22 @@ def rebuild(
     exactly the parent's otherwise (e.g. after a full reduction).
     """
     old_bd = len(node._batch_size)
-    children = []
-    for v in node._tdf_children():
-        if isinstance(v, Tensor):
-            children.append(next(it))
-        elif v is None:
-            children.append(None)
-        else:
-            sub = batch_size + v._batch_size[old_bd:] if keep_extra else batch_size
-            children.append(rebuild(v, it, sub, device, keep_extra))
+    # one comprehension (the hot path of every op): a tensor takes the next leaf, None stays,
+    # a node is rebuilt with its extra batch dims after the new ones (``keep_extra``)
+    children = [
+        next(it)
+        if isinstance(v, Tensor)
+        else v
+        if v is None
+        else rebuild(
+            v,
+            it,
+            batch_size + v._batch_size[old_bd:] if keep_extra else batch_size,
+            device,
+            keep_extra,
+        )
+        for v in node._tdf_children()
+    ]
     return node._tdf_rebuild(children, batch_size, device)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import check_compiled, compare, snapshot
 
 import tdfunc
 from tdfunc import TensorDict
@@ -348,3 +349,54 @@ def test_arithmetic_mixed_dtypes_with_autograd():
     assert torch.equal(w.grad, torch.full((3,), 2.0))
     both = td + td
     assert torch.equal(both["steps"], torch.arange(3) * 2)
+
+
+# ------------------------------------------------------------------ row gather (index_select)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_row_gather_equals_advanced_indexing(dtype):
+    """``td[idx]`` with a 1-D integer tensor: the values of ``x[idx]`` for every leaf,
+    negative and repeated rows included; the input is not modified."""
+    td = make_td()
+    before = snapshot(td)
+    idx = torch.tensor([3, -1, 0, 0, -4], dtype=dtype)
+    out = td[idx]
+    assert out.batch_size == torch.Size([5, 3])
+    assert out["n"].batch_size == torch.Size([5, 3, 1])
+    for got, leaf in zip(out.leaves(), td.leaves()):
+        assert torch.equal(got, leaf[idx])
+    compare(td, before)
+    assert td[idx[:0]].batch_size == torch.Size([0, 3])
+
+
+@pytest.mark.parametrize("row", [4, -5, 100])
+def test_row_gather_out_of_range_is_index_error(row):
+    """Out-of-range rows raise IndexError, as ``x[idx]`` does."""
+    td = make_td()
+    with pytest.raises(IndexError):
+        td["a"][torch.tensor([0, row])]
+    with pytest.raises(IndexError):
+        td[torch.tensor([0, row])]
+
+
+def test_row_gather_compiles():
+    """One frame, equal to eager, no recompile on new rows."""
+
+    def make():
+        return make_td(), torch.randint(-4, 4, (6,))
+
+    check_compiled(lambda td, i: td[i], make)
+
+
+def test_row_gather_from_a_store(tmp_path):
+    """Rows of a memory-mapped store: plain in-memory tensors equal to the source rows."""
+    src = tdfunc.TensorDict(
+        {"x": torch.randn(50, 3), "n": {"y": torch.arange(50)}}, batch_size=[50]
+    )
+    tdfunc.save(src, tmp_path / "store")
+    store = tdfunc.load(tmp_path / "store")
+    idx = torch.tensor([7, -1, 7, 0])
+    out = store[idx]
+    assert out.batch_size == torch.Size([4])
+    assert torch.equal(out["x"], src["x"][idx])
+    assert torch.equal(out["n", "y"], src["n", "y"][idx])
+    assert not isinstance(out["x"], tdfunc.MemoryMappedTensor)

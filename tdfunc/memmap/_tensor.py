@@ -345,7 +345,16 @@ class MemoryMappedTensor(Tensor):
         writes, rets = _op_info(func)
         for pos, name in writes:
             _refuse_if_read_only(_arg(args, kw, pos, name), func)
-        out = func(*_unwrap(args), **{k: _unwrap(v) for k, v in kw.items()})
+        # one flat pass over the arguments (the hot path of every op on a leaf of a store)
+        plain = [
+            a._inner
+            if isinstance(a, MemoryMappedTensor)
+            else _unwrap(a)
+            if isinstance(a, (list, tuple))
+            else a
+            for a in args
+        ]
+        out = func(*plain, **{k: _unwrap(v) for k, v in kw.items()}) if kw else func(*plain)
         if len(rets) == 1:
             return _result(out, rets[0], args, kw)
         if not rets:
