@@ -464,3 +464,49 @@ def test_tdfunc_top_level_names_are_the_nn_functions():
     assert tdfunc.from_module is from_module
     assert tdfunc.functional_call is functional_call
     assert tdfunc.stack_modules is stack_modules
+
+
+# ------------------------------------------------------------------ shared tensors
+def _tied_pair() -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    m[1].weight = m[0].weight  # tied: one tensor under two names
+    return m
+
+
+@pytest.mark.parametrize(
+    "make", [_tied_pair, lambda: nn.Sequential(*[nn.Linear(3, 3)] * 2)], ids=["tied", "reused"]
+)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_shared_tensors_stay_shared(make, compiled):
+    """A tensor reachable under two names takes the value given under the first name for both
+    (tied weights, a submodule used twice), eagerly and compiled."""
+    m = make()
+    x = torch.randn(4, 3)
+    w0 = torch.zeros(3, 3)
+    b0 = m[0].bias.detach().clone()
+    b1 = b0 if m[1].bias is m[0].bias else m[1].bias.detach().clone()
+    flat = {"0.weight": w0, "0.bias": b0}
+    nested: dict = {"0": {"weight": w0, "bias": b0}}
+    if b1 is not b0:
+        flat["1.bias"] = b1
+        nested["1"] = {"bias": b1}
+    state = TensorDict.from_dict(nested)
+    expected = torch.func.functional_call(m, flat, (x,))  # torch ties the second names
+    by_hand = torch.nn.functional.linear(b0.expand(4, 3), w0, b1)
+    assert_close(expected, by_hand)  # both layers used the zero weight
+    call = lambda s, x: functional_call(m, s, (x,))  # noqa: E731
+    if compiled:
+        call = torch.compile(call, backend="eager", fullgraph=True)
+    assert_close(call(state, x), expected)
+
+
+def test_unshared_module_matches_torch_func():
+    """Without shared tensors the result is torch.func's (the tie walk is skipped)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    assert not tdfunc.nn._state.has_shared_tensors(m)
+    state = from_module(m) * 2
+    x = torch.randn(5, 3)
+    flat = dict(state.flatten_keys(".").items())
+    assert_close(functional_call(m, state, (x,)), torch.func.functional_call(m, flat, (x,)))

@@ -224,6 +224,31 @@ def lazy_clone(t: Tensor) -> Tensor:
     return torch.ops.aten._lazy_clone(t)
 
 
+def has_shared_tensors(module: nn.Module) -> bool:
+    """True when one tensor is reachable under two names of ``module`` (tied weights, or a
+    submodule used twice): the only case where ``tie_weights`` changes what torch.func does.
+
+    Example:
+        >>> import torch
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> has_shared_tensors(torch.nn.Sequential(lin, torch.nn.Linear(2, 2)))
+        False
+        >>> has_shared_tensors(torch.nn.Sequential(lin, lin))
+        True
+    """
+    seen: set[int] = set()
+    todo = [module]
+    while todo:
+        m = todo.pop()
+        for t in (*m._parameters.values(), *m._buffers.values()):
+            if t is not None:
+                if id(t) in seen:
+                    return True
+                seen.add(id(t))
+        todo.extend(sub for sub in m._modules.values() if sub is not None)
+    return False
+
+
 def call_tracking_writes(
     module: nn.Module,
     tensors: dict[str, Tensor],
@@ -241,10 +266,13 @@ def call_tracking_writes(
     clones: list[_Watched] = []
     for t in tensors.values():
         c = lazy_clone(t).as_subclass(_Watched)
-        c._watch_written = False
+        c._watch_written = False  # an instance attribute (Dynamo traces no class default)
         clones.append(c)
     given: dict[str, Tensor] = dict(zip(tensors, clones))
-    out = torch.func.functional_call(module, given, args, kwargs, tie_weights=tie_weights)
+    # ``tie_weights=True`` makes torch walk every submodule's named tensors at every call;
+    # a module without shared tensors gets the same result without it
+    tie = tie_weights and has_shared_tensors(module)
+    out = torch.func.functional_call(module, given, args, kwargs, tie_weights=tie)
     written: dict[str, Tensor] = {}
     # ``given`` now holds what the module rebound (torch.func writes it back there)
     for (name, now), clone in zip(given.items(), clones):
@@ -253,4 +281,4 @@ def call_tracking_writes(
     return out, written
 
 
-__all__ = ["call_tracking_writes", "lazy_clone"]
+__all__ = ["call_tracking_writes", "has_shared_tensors", "lazy_clone"]
