@@ -36,7 +36,7 @@ QUICK_ARGS = (
     "--benchmark-max-time=0.000001",
     "--benchmark-warmup=off",
 )
-FULL_PASSES = 5
+FULL_PASSES = 3
 FULL_MAX_TIME = 0.2  # seconds per benchmark and pass
 DEFAULT_THREADS = 1
 #: ``--clock`` choices: the pytest-benchmark timer of each.
