@@ -158,10 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"benchmarks finished in {time.perf_counter() - t0:.0f} s (pytest exit code {rc})",
         flush=True,
     )
-    if rc != 0:
+    if args.no_report or not json_path.exists():
         return rc
-    if args.no_report:
-        return 0
+    # the report is written even when a benchmark failed (pytest's exit code is still
+    # returned): a long run keeps the rows it measured
     from compile_benchmarks.report import write_report
 
     title = (
@@ -169,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     md = write_report([json_path], out_dir, title=title)
     print(f"wrote {md} and {md.parent / 'ratios.png'}")
-    return 0
+    return rc
 
 
 if __name__ == "__main__":
