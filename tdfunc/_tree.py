@@ -223,6 +223,20 @@ def rebuild(
     return node._tdf_rebuild(children, batch_size, device)
 
 
+def _rebuild_same_batch(node: Node, it: Iterator[Any], device: torch.device | None) -> Any:
+    """:func:`rebuild` when the batch size does not change (elementwise ops): every node
+    keeps its own batch size, so none is recomputed."""
+    children = [
+        next(it)
+        if isinstance(v, Tensor)
+        else v
+        if v is None
+        else _rebuild_same_batch(v, it, device)
+        for v in node._tdf_children()
+    ]
+    return node._tdf_rebuild(children, node._batch_size, device)
+
+
 def map_leaves(
     node: Node,
     new_leaves: Sequence[Any],
@@ -231,6 +245,10 @@ def map_leaves(
     keep_extra: bool = True,
 ) -> Any:
     """Same structure as ``node`` with ``new_leaves`` in place of its leaves (trusted)."""
+    if batch_size is None and keep_extra:  # elementwise ops: every node keeps its batch size
+        return _rebuild_same_batch(
+            node, iter(new_leaves), node._device if device is ... else device
+        )
     return rebuild(
         node,
         iter(new_leaves),
