@@ -52,6 +52,8 @@ FLOOR_TARGET_WORKLOADS = ("add_one_nested", "add_self_nested", "index_int")
 SUSPECT_SPREAD = 0.30
 README = HERE / "README.md"
 SUSPECT_SECTION = "## Suspect rows"
+#: The README section with one ``###`` heading per missed target, named as the target.
+ANALYSIS_SECTION = "## Why targets are missed"
 #: Categories whose eager rows are held to the "container op" targets.
 EAGER_TARGET_CATEGORIES = ("container", "tensorclass")
 MISS = "✗"
@@ -426,14 +428,48 @@ def target_summary(res: Results, misses: list[Miss]) -> list[str]:
                     checked["graph_breaks"] += 1
                 if group[subject].info.get("recompiles") is not None:
                     checked["recompiles"] += 1
+    headings = analysis_headings()
     rows = []
     for key, t in TARGETS.items():
         missed = [m for m in misses if m.target == key]
         n = checked.get(key, 0)
         status = "not measured" if n == 0 else (f"{MET} met" if not missed else f"{MISS} missed")
         worst = ", ".join(sorted({m.workload for m in missed}))[:300]
-        rows.append([t.text, str(n), str(len(missed)), status, worst])
-    return [*_table(["target", "rows checked", "rows missed", "status", "missed in"], rows), ""]
+        why = ""
+        if missed:
+            why = (
+                f"[README](README.md#{github_anchor(t.text)})"
+                if t.text in headings
+                else f"{MISS} not analysed"
+            )
+        rows.append([t.text, str(n), str(len(missed)), status, worst, why])
+    header = ["target", "rows checked", "rows missed", "status", "missed in", "why (measured)"]
+    return [*_table(header, rows), ""]
+
+
+def analysis_headings(readme: Path = README) -> set[str]:
+    """The ``###`` headings of the README's section on missed targets (one per target)."""
+    if not readme.exists():
+        return set()
+    out: set[str] = set()
+    inside = False
+    for line in readme.read_text().splitlines():
+        if line.startswith("## "):
+            inside = line.startswith(ANALYSIS_SECTION)
+        elif inside and line.startswith("### "):
+            out.add(line[4:].strip())
+    return out
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading.
+
+    Example:
+        >>> github_anchor("cold compile: tdfunc <= 0.8x tensordict")
+        'cold-compile-tdfunc--08x-tensordict'
+    """
+    kept = "".join(ch for ch in heading.lower() if ch.isalnum() or ch in " -_")
+    return kept.replace(" ", "-")
 
 
 def missed_rows(misses: list[Miss]) -> list[str]:

@@ -186,11 +186,7 @@ class TensorDict(Container):
     def _tdf_rebuild(
         self, children: Sequence[Any], batch_size: torch.Size, device: torch.device | None
     ) -> TensorDict:
-        new = object.__new__(TensorDict)  # ``_new`` inlined: this runs once per node per op
-        object.__setattr__(new, "_data", dict(zip(self._data, children)))
-        object.__setattr__(new, "_batch_size", batch_size)
-        object.__setattr__(new, "_device", device)
-        return new
+        return TensorDict._new(dict(zip(self._data, children)), batch_size, device)
 
     def _tdf_get(self, key: str, default: Any) -> Any:
         return self._data.get(key, default)
