@@ -44,6 +44,7 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters as dynamo_counters
 
 import tdfunc
 from tdfunc import TensorDict
@@ -1016,6 +1017,11 @@ def _quiet_dynamo() -> Iterator[None]:
             lg.setLevel(lvl)
 
 
+def _graphs() -> int:
+    """Graphs Dynamo installed since the counters were cleared."""
+    return int(dynamo_counters["stats"]["unique_graphs"])
+
+
 def check_compiled(prog: Program, backend: str = "eager") -> None:
     """eager == ``torch.compile(fullgraph=True)`` (same error type), input unchanged,
     invariant, at most one frame, no recompile for new values of the same structure."""
@@ -1028,6 +1034,7 @@ def check_compiled(prog: Program, backend: str = "eager") -> None:
     snap, batches = snapshot(x), node_batches(x)
     eager = Outcome(fn, x)
     torch._dynamo.reset()
+    dynamo_counters.clear()
     cnt = CompileCounterWithBackend(backend)
     cfn = torch.compile(fn, backend=cnt, fullgraph=True)
     with _quiet_dynamo(), torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
@@ -1040,13 +1047,16 @@ def check_compiled(prog: Program, backend: str = "eager") -> None:
             check_invariant(comp.value, "compiled result")
             if prog.write:
                 check_no_alias(comp.value, x, "compiled program")
-            frames = cnt.frame_count
-            assert frames <= 1, f"{frames} frames with fullgraph=True"
+            # graphs installed, not backend calls: Dynamo may restart the analysis of a frame
+            # and call the backend again (aot_eager's tensorify pass does for 0-d float64
+            # inputs, which Dynamo reads as unspecialised floats): one graph, not a recompile
+            frames = _graphs()
+            assert frames <= 1, f"{frames} graphs with fullgraph=True"
             x2 = prog.build(1)
             e2, c2 = Outcome(fn, x2), Outcome(cfn, x2)
             _compare(e2, c2, "second call (new values)")
-            assert cnt.frame_count == frames, (
-                f"recompiled for new values of the same structure ({frames} -> {cnt.frame_count} frames)"
+            assert _graphs() == frames, (
+                f"recompiled for new values of the same structure ({frames} -> {_graphs()} graphs)"
             )
 
 

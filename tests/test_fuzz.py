@@ -135,6 +135,13 @@ def test_a_correct_program_passes_every_check():
 
 
 # ------------------------------------------------------------------------------ findings
+def test_restarted_analysis_is_one_graph():
+    """aot_eager restarts Dynamo's analysis of a frame with a 0-d float64 input (its
+    tensorify pass) and calls the backend twice: one graph, not a graph break or a recompile."""
+    spec = NodeSpec("FzPair", (), (("a", LeafSpec((), "float64", 0)), ("b", None)))
+    check_compiled(_prog(spec, Step("-x", "leaf", "-x"), Step("-x", "leaf", "-x")), "aot_eager")
+
+
 @pytest.mark.xfail(strict=True, reason="~td graph-breaks under fullgraph (documented)")
 def test_invert_compiles_fullgraph():
     spec = NodeSpec("TensorDict", (2,), (("a", LeafSpec((2, 3), "bool", 4)),))
