@@ -591,13 +591,20 @@ ALLOWED_ERRORS = (KeyError, ValueError, TypeError, IndexError, RuntimeError, Per
 
 
 def _from_torch(e: BaseException) -> bool:
-    """True when the innermost frame of ``e`` is inside torch (a torch op rejected its input)."""
+    """True when a torch op rejected its input: the innermost Python frame of ``e`` is inside
+    torch, or it is a line that calls a C function rather than a ``raise`` of tdfunc (torch's
+    builtins such as ``torch.amax`` raise without a Python frame of their own)."""
     tb = e.__traceback__
     last = None
     while tb is not None:
-        last = tb.tb_frame.f_code.co_filename
+        last = tb
         tb = tb.tb_next
-    return last is not None and f"{os.sep}torch{os.sep}" in last
+    if last is None:
+        return False
+    filename = last.tb_frame.f_code.co_filename
+    if f"{os.sep}torch{os.sep}" in filename:
+        return True
+    return not linecache.getline(filename, last.tb_lineno).lstrip().startswith("raise")
 
 
 def compiled_error_type(e: BaseException) -> type | str:
@@ -680,6 +687,10 @@ def _check_shape_step(step: Step, v: Any, out: Outcome, where: str) -> None:
     ``batch_size`` whose values are the flat batch positions: the result batch size is the
     tensor's shape and every leaf is its input gathered at those positions."""
     bs = v.batch_size
+    if step.src.startswith("x.view(") and not all(x.is_contiguous() for _, x in leaf_items(v)):
+        # a view depends on the leaves' strides (after a permute, say), which a fresh tensor
+        # of positions does not have: the whole-chain oracle runs the same chain on a tensor
+        return
     t = Outcome(eval_expr, step.tsrc, _positions(bs))
     if _leafless_exempt(v, t, out):
         return

@@ -135,6 +135,27 @@ def test_a_correct_program_passes_every_check():
 
 
 # ------------------------------------------------------------------------------ findings
+def test_view_after_permute_checked_with_strides():
+    """``view`` after ``permute`` raises on the container as on the permuted tensor; the step
+    oracle (a fresh contiguous tensor) must not call that a mismatch."""
+    leaf2 = LeafSpec((2, 2), "float32", 0)
+    spec = NodeSpec("TensorDict", (2, 2), (("a", leaf2), ("b", leaf2)))
+    check_eager(
+        _prog(
+            spec,
+            Step("x.permute(-1, -2)", "shape", "x.permute(-1, -2)"),
+            Step("x.view(4)", "shape", "x.view(4)"),
+        )
+    )
+
+
+def test_fake_kernel_error_type_of_a_torch_builtin():
+    """``amax`` over an empty dim: IndexError eagerly (from torch's C function, no Python
+    frame), RuntimeError from the fake kernel under compile; torch does the same on a tensor."""
+    spec = NodeSpec("FzPair", (0,), (("a", LeafSpec((0,), "float32", 0)), ("b", None)))
+    check_compiled(_prog(spec, Step("x.amax(-1, keepdim=True)", "other")))
+
+
 def test_restarted_analysis_is_one_graph():
     """aot_eager restarts Dynamo's analysis of a frame with a 0-d float64 input (its
     tensorify pass) and calls the backend twice: one graph, not a graph break or a recompile."""
