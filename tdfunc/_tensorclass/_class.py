@@ -338,9 +338,9 @@ def _classify(
     own = set(inspect.get_annotations(cls))
     inherited: dict[str, Any] = {}
     inherited_anns: dict[str, str] = {}
-    for base in reversed(cls.__mro__[1:]):
-        inherited.update(getattr(base, "_tdf_specs", {}))
-        inherited_anns.update(getattr(base, "_tdf_anns", {}))
+    for base in reversed(cls.__mro__[1:]):  # each class's own table (tensorclasses have one)
+        inherited.update(vars(base).get("_tdf_specs", {}))
+        inherited_anns.update(vars(base).get("_tdf_anns", {}))
     specs: dict[str, F.ChildSpec | None] = {}
     anns: dict[str, str] = {}
     body = {**localns, **cls.__dict__}
