@@ -193,19 +193,20 @@ def has_leaves(node: Node) -> bool:
 def rebuild(
     node: Node,
     it: Iterator[Any],
-    batch_size: torch.Size,
+    batch_size: torch.Size | None,
     device: torch.device | None,
     keep_extra: bool = True,
 ) -> Any:
     """The one rebuild: ``node``'s structure with new leaves taken from ``it`` (trusted).
 
-    ``batch_size`` is the new batch size of ``node``. Nested nodes take the parent's new batch
-    size followed by their own extra dims (those beyond the parent's) when ``keep_extra``;
-    exactly the parent's otherwise (e.g. after a full reduction).
+    ``batch_size`` is the new batch size of ``node``; ``None`` keeps every node's own (the
+    elementwise ops: nothing to recompute). Nested nodes take the parent's new batch size
+    followed by their own extra dims (those beyond the parent's) when ``keep_extra``; exactly
+    the parent's otherwise (e.g. after a full reduction).
     """
     old_bd = len(node._batch_size)
     # one comprehension (the hot path of every op): a tensor takes the next leaf, None stays,
-    # a node is rebuilt with its extra batch dims after the new ones (``keep_extra``)
+    # a node is rebuilt with its batch size derived as above
     children = [
         next(it)
         if isinstance(v, Tensor)
@@ -214,27 +215,19 @@ def rebuild(
         else rebuild(
             v,
             it,
-            batch_size + v._batch_size[old_bd:] if keep_extra else batch_size,
+            None
+            if batch_size is None
+            else batch_size + v._batch_size[old_bd:]
+            if keep_extra
+            else batch_size,
             device,
             keep_extra,
         )
         for v in node._tdf_children()
     ]
-    return node._tdf_rebuild(children, batch_size, device)
-
-
-def _rebuild_same_batch(node: Node, it: Iterator[Any], device: torch.device | None) -> Any:
-    """:func:`rebuild` when the batch size does not change (elementwise ops): every node
-    keeps its own batch size, so none is recomputed."""
-    children = [
-        next(it)
-        if isinstance(v, Tensor)
-        else v
-        if v is None
-        else _rebuild_same_batch(v, it, device)
-        for v in node._tdf_children()
-    ]
-    return node._tdf_rebuild(children, node._batch_size, device)
+    return node._tdf_rebuild(
+        children, node._batch_size if batch_size is None else batch_size, device
+    )
 
 
 def map_leaves(
@@ -244,17 +237,12 @@ def map_leaves(
     device: torch.device | EllipsisType | None = ...,
     keep_extra: bool = True,
 ) -> Any:
-    """Same structure as ``node`` with ``new_leaves`` in place of its leaves (trusted)."""
-    if batch_size is None and keep_extra:  # elementwise ops: every node keeps its batch size
-        return _rebuild_same_batch(
-            node, iter(new_leaves), node._device if device is ... else device
-        )
+    """Same structure as ``node`` with ``new_leaves`` in place of its leaves (trusted);
+    ``batch_size=None`` keeps every node's batch size."""
+    if batch_size is None and not keep_extra:
+        batch_size = node._batch_size
     return rebuild(
-        node,
-        iter(new_leaves),
-        node._batch_size if batch_size is None else batch_size,
-        node._device if device is ... else device,
-        keep_extra,
+        node, iter(new_leaves), batch_size, node._device if device is ... else device, keep_extra
     )
 
 

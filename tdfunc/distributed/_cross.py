@@ -260,6 +260,16 @@ def _post_text(link: wire.Peer, head_tag: int, text_tag: int, status: int, text:
     return works
 
 
+def _post_text_all(
+    links: Sequence[wire.Peer], head_tag: int, text_tag: int, status: int, text: str, step: str
+) -> None:
+    """Post one text message to every link, then wait for all of them (``step`` names what
+    the peers must do, for the timeout message)."""
+    works = [(lk, w) for lk in links for w in _post_text(lk, head_tag, text_tag, status, text)]
+    for lk, w in works:
+        lk.finish(w, step)
+
+
 def _read_text(link: wire.Peer, head_tag: int, text_tag: int, step: str) -> tuple[int, str]:
     head = torch.empty(HEAD_LEN, dtype=torch.int64, device=link.device)
     link.recv(head, head_tag, step)
@@ -379,36 +389,20 @@ def _lead(side: Side, links: list[wire.Peer]) -> tuple[dict[str, Any], list[Any]
             if side.error is not None
             else E.PLAN_ROLE_SOURCE.format(rank=side.rank, mesh=list(side.src.nested()))
         )
-        works = [
-            (lk, w)
-            for lk in links
-            for w in _post_text(lk, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, FAILED, why)
-        ]
-        for lk, w in works:
-            lk.finish(w, "read the layout")
+        _post_text_all(links, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, FAILED, why, "read the layout")
         if side.error is not None:
             raise side.error
         raise ValueError(why)
     layout = side.layout
     text = json.dumps(layout, separators=(",", ":"))
-    works = [
-        (lk, w) for lk in links for w in _post_text(lk, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, OK, text)
-    ]
-    for lk, w in works:
-        lk.finish(w, "read the layout")
+    _post_text_all(links, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, OK, text, "read the layout")
     answers: dict[int, tuple[int, str]] = {}
     for lk in links:
         answers[lk.peer] = _read_text(lk, ANSWER_HEAD_TAG, ANSWER_TEXT_TAG, "answer the layout")
     status, answer, own = _answer(side, layout)
     answers[side.rank] = (status, answer)
     verdict, vtext = _verdict(side, answers)
-    works = [
-        (lk, w)
-        for lk in links
-        for w in _post_text(lk, VERDICT_HEAD_TAG, VERDICT_TEXT_TAG, verdict, vtext)
-    ]
-    for lk, w in works:
-        lk.finish(w, "read the verdict")
+    _post_text_all(links, VERDICT_HEAD_TAG, VERDICT_TEXT_TAG, verdict, vtext, "read the verdict")
     if own is not None:
         raise own
     if verdict != OK:
