@@ -34,7 +34,7 @@ from .interop._tensordict import from_tensordict, to_tensordict
 from .memmap._errors import MemmapFormatError, StoreCleanupWarning, StoreReplacedError
 from .memmap._store import load, memmap_like, save
 from .memmap._tensor import MemoryMappedTensor
-from .nn._functional import from_module, functional_call, stack_modules
+from .nn._functional import from_module, functional_call, stack_modules, state_dict
 from .tensordict import TensorDict
 
 del _collate  # imported for its registration with torch's default_collate
@@ -104,6 +104,7 @@ __all__ = [
     "scan",
     "stack",
     "stack_modules",
+    "state_dict",
     "tensorclass",
     "testing",
     "to_tensordict",

@@ -43,3 +43,20 @@ STATE_WRITTEN = (
     "(module.eval(): batch norm then stops updating its running statistics), or leave {key!r} "
     "out of the state so that the module updates its own tensor"
 )
+#: ``functional_call(return_state=False)``: the module created a parameter or buffer.
+STATE_CREATED = (
+    "functional_call: module {cls} creates the parameter or buffer {key!r} while it runs (it was "
+    "absent or None before), but the module is left as it was and return_state=False would "
+    "lose it; pass return_state=True to get it in new_state"
+)
+#: ``functional_call(return_state=True)``: a created tensor has no place in the given state.
+STATE_NO_ROOM = (
+    "functional_call: the module created {key!r} while it ran, but a state of type {typ} cannot "
+    "hold a new key; pass the state as a TensorDict or a mapping"
+)
+#: ``functional_call(tie_weights=True)``: two different tensors for the names of one tensor.
+TIED_TWICE = (
+    "functional_call: key {key!r} names the same module tensor as {first!r} (tied weights), but "
+    "the state gives another tensor for it; give one tensor per tie (tdfunc.from_module keeps "
+    "one leaf per tied tensor) or pass tie_weights=False"
+)

@@ -25,29 +25,34 @@ from ._errors import (
     STACK_EMPTY,
     STACK_KEYS,
     STACK_SHAPE,
+    STATE_CREATED,
+    STATE_NO_ROOM,
     STATE_WRITTEN,
+    TIED_TWICE,
     UNKNOWN_KEYS,
 )
-from ._state import call_tracking_writes
+from ._state import call_with_state
 
 
 # --------------------------------------------------------------------------------------
 # from_module
 # --------------------------------------------------------------------------------------
-def _collect(module: nn.Module, buffers: bool) -> TensorDict:
+def _collect(module: nn.Module, buffers: bool, seen: set[int]) -> TensorDict:
     data: dict[str, Any] = {}
     for name, p in module._parameters.items():
-        if p is not None:
+        if p is not None and id(p) not in seen:
+            seen.add(id(p))
             data[name] = p
     if buffers:
         skip = module._non_persistent_buffers_set
         for name, b in module._buffers.items():
-            if b is not None and name not in skip:
+            if b is not None and name not in skip and id(b) not in seen:
+                seen.add(id(b))
                 data[name] = b
     for name, sub in module._modules.items():
         if sub is None:
             continue
-        child = _collect(sub, buffers)
+        child = _collect(sub, buffers, seen)
         if child._data:
             data[name] = child
     return TensorDict._new(data, torch.Size(()), None)
@@ -57,9 +62,13 @@ def from_module(module: nn.Module, *, buffers: bool = True) -> TensorDict:
     """The parameters (and persistent buffers) of ``module`` as a TensorDict.
 
     Entries are nested by submodule name, so ``params.flatten_keys(".")`` has exactly the
-    names of ``module.state_dict()`` (parameters only when ``buffers=False``). The leaves are
-    the module's own tensors (same objects, no copy); submodules without tensors are left out.
-    The batch size is ``()``.
+    names of ``module.state_dict()`` (parameters only when ``buffers=False``), except that a
+    tensor reachable under several names (tied weights, a submodule used twice) is one leaf,
+    under its first name, as in ``module.named_parameters()``: gradients, updates, ``detach``,
+    ``clone``, ``save`` keep one value per tie, and :func:`functional_call` puts it in every
+    slot that holds it. :func:`state_dict` gives every name back (for ``load_state_dict`` or a
+    safetensors file for other tools). The leaves are the module's own tensors (same objects,
+    no copy); submodules without tensors of their own are left out. The batch size is ``()``.
 
     Args:
         module: any ``nn.Module``.
@@ -73,10 +82,57 @@ def from_module(module: nn.Module, *, buffers: bool = True) -> TensorDict:
         True
         >>> sorted(params.flatten_keys(".").keys()) == sorted(net.state_dict())
         True
+        >>> tied = torch.nn.Sequential(net[0], net[0])  # one Linear under two names
+        >>> sorted(tdfunc.from_module(tied).flatten_keys(".").keys())
+        ['0.bias', '0.weight']
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"from_module expects an nn.Module, got {type(module).__name__}")
-    return _collect(module, buffers)
+    return _collect(module, buffers, set())
+
+
+def state_dict(module: nn.Module, state: Any = None) -> dict[str, Tensor]:
+    """``module.state_dict()``'s names with the tensors of ``state``: every name, ties included.
+
+    The inverse of the one-leaf-per-tie rule of :func:`from_module`: each name that
+    ``module.state_dict()`` has maps to the tensor ``state`` gives for it or for the tensor it
+    is tied to (the same object under both names), and to the module's own tensor for names
+    ``state`` does not give. Ready for ``module.load_state_dict(...)`` and for
+    ``tdfunc.save_safetensors`` when another tool (e.g. transformers) expects every name.
+
+    Args:
+        module: the module whose names to use.
+        state: a container or mapping of tensors as :func:`functional_call` accepts (``None``:
+            the module's own tensors).
+
+    Returns:
+        A flat ``dict`` from dotted name to tensor, in ``module.state_dict()`` order.
+
+    Raises:
+        ValueError: a tensor of ``state`` has another shape than the module's.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> net = torch.nn.Sequential(lin, lin)
+        >>> params = tdfunc.from_module(net) * 0
+        >>> sd = tdfunc.state_dict(net, params)
+        >>> sorted(sd), sd["1.weight"] is sd["0.weight"]
+        (['0.bias', '0.weight', '1.bias', '1.weight'], True)
+        >>> net.load_state_dict(sd)
+        <All keys matched successfully>
+    """
+    matched = _Matched(tie_weights=True)
+    if state is not None:
+        _match(state, module, matched)
+    given: dict[int, Tensor] = {}
+    for name, v in matched.out.items():
+        owner, attr = matched.slots[name]
+        given[id(_module_tensor(owner, attr))] = v
+    out: dict[str, Tensor] = {}
+    for name, own in module.state_dict(keep_vars=True).items():
+        out[name] = given.get(id(own), own)
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -110,18 +166,20 @@ def _module_tensor(module: nn.Module, name: str) -> Tensor | None:
 class _Matched:
     """What walking ``params`` against a module found (one per call)."""
 
-    __slots__ = ("alias", "out", "tied", "unknown")
+    __slots__ = ("alias", "out", "slots", "tied", "unknown")
 
     def __init__(self, tie_weights: bool) -> None:
         self.out: dict[str, Tensor] = {}
+        self.slots: dict[str, tuple[nn.Module, str]] = {}
         self.unknown: list[str] = []
         # id of a module tensor -> first name given for it (only when tying weights)
         self.tied: dict[int, str] | None = {} if tie_weights else None
         # a second name of a tied tensor -> the first name (whose tensor the module uses)
         self.alias: dict[str, str] = {}
 
-    def add(self, name: str, v: Tensor, ref: Tensor | None) -> None:
-        if ref is None:
+    def add(self, name: str, v: Tensor, owner: nn.Module | None, attr: str) -> None:
+        ref = None if owner is None else _module_tensor(owner, attr)
+        if ref is None or owner is None:
             self.unknown.append(name)
             return
         if v.shape != ref.shape:
@@ -129,13 +187,17 @@ class _Matched:
                 SHAPE_MISMATCH.format(key=name, got=tuple(v.shape), expected=tuple(ref.shape))
             )
         if self.tied is not None:
-            # a second name of a tied tensor: torch.func fills it from the first one
+            # a second name of a tied tensor: the tensor given under the first one fills every
+            # slot; the same tensor again is fine, another one would be silently ignored
             first = self.tied.get(id(ref))
             if first is not None:
+                if v is not self.out[first]:
+                    raise ValueError(TIED_TWICE.format(key=name, first=first))
                 self.alias[name] = first
                 return
             self.tied[id(ref)] = name
         self.out[name] = v
+        self.slots[name] = (owner, attr)
 
 
 def _match_node(node: Any, module: nn.Module | None, prefix: str, m: _Matched) -> None:
@@ -147,7 +209,7 @@ def _match_node(node: Any, module: nn.Module | None, prefix: str, m: _Matched) -
     )
     for k, v in data.items():
         if isinstance(v, Tensor):
-            m.add(prefix + k, v, None if module is None else _module_tensor(module, k))
+            m.add(prefix + k, v, module, k)
         elif v is not None:
             sub = None if module is None else module._modules.get(k)
             _match_node(v, sub, prefix + k + ".", m)
@@ -175,7 +237,7 @@ def _match_flat(flat: Mapping[str, Tensor], module: nn.Module, m: _Matched) -> N
         owner: nn.Module | None = module
         for part in path:
             owner = owner._modules.get(part) if owner is not None else None
-        m.add(name, v, None if owner is None else _module_tensor(owner, leaf))
+        m.add(name, v, owner, leaf)
 
 
 def _match(params: Any, module: nn.Module, m: _Matched) -> None:
@@ -260,30 +322,42 @@ def functional_call(
     :func:`stack_modules` under ``torch.vmap``), a tensorclass, a mapping of tensors (nested, or
     flat with dotted names as in ``state_dict()``), or a tuple of those (e.g.
     ``(params, buffers)``). Key paths joined by ``"."`` name the module's parameters and buffers.
-    Every shape is checked against the module's own tensor before any computation. The module
-    is left as it was: this runs on :func:`torch.func.functional_call` and works under
-    ``torch.vmap``, ``torch.func.grad`` and ``torch.compile(fullgraph=True)``.
+    Every shape is checked against the module's own tensor before any computation. Works under
+    ``torch.vmap``, ``torch.func.grad``, ``torch.compile(fullgraph=True)`` and
+    ``torch.export`` (strict and non-strict).
 
-    **The tensors of** ``state`` **are never written**, whatever the module does: it runs on
-    copy-on-write clones of them (nothing is copied unless it writes). Modules that update
-    their state while they run (batch norm in training mode updates its running statistics,
-    counters, moving averages, caches) do it on the clones, and
+    **The tensors of** ``state`` **are never written and the module is left as it was.** The
+    module runs on private copies of the given tensors put into its parameter and buffer slots
+    (copy-on-write clones: nothing is copied unless the module writes), and after the call, also
+    when it raised, every slot holds the module's own tensor object again. Modules that update
+    their state while they run (batch norm in training mode, counters, moving averages,
+    observers, caches) do it on the copies, and
 
     * ``return_state=True`` returns ``(output, new_state)``: ``new_state`` has the structure
       and type of ``state``; each leaf the module wrote in place or reassigned is a new tensor
       holding the new value, every other leaf is the very same tensor object as in ``state``
-      (``state`` itself when nothing was written). Tied names get the same new tensor.
+      (``state`` itself when nothing was written). Persistent parameters or buffers the module
+      *created* while it ran (registered, or a ``None`` buffer assigned) are added under their
+      dotted names (nested keys of a TensorDict). Tied names get the same new tensor.
     * ``return_state=False`` (the default) raises ``PermissionError`` naming the module and the
-      tensor if the module writes one of the given tensors: the new value would otherwise be
-      lost silently. Modules that write nothing (any module in eval mode, most models) are
+      tensor if the module writes or creates state: the new value would otherwise be lost
+      silently. Modules that write nothing (any module in eval mode, most models) are
       unaffected.
 
-    Writes are recognised as torch calls: in-place methods and operators (``add_``,
-    ``x += 1``, ``x[i] = v``, ``x.data = v``, also through views of ``x``), ``out=`` arguments,
-    ``inplace=True`` activations, the running statistics of batch/instance norm in training,
-    and reassigned attributes (``self.count = self.count + 1``). Writes through other aliases
-    (e.g. a raw ``data_ptr``) never reach ``state`` either, but are not reported. Tensors not
-    in ``state`` (``strict=False``) are the module's own and are updated as in PyTorch.
+    Writes are read from torch, not guessed: the version counter of each copy, which the
+    dispatcher bumps on every in-place write to the tensor or any of its views (``add_``,
+    ``x[i] = v``, ``out=``, ``inplace=True``, writes inside C++ ops such as
+    ``F.embedding(..., max_norm=...)``, foreach ops, ``nn.init``), and the module's slots after
+    the call (rebinding, ``self.count = self.count + 1``). Under ``torch.compile`` the versions
+    are known while tracing: no graph break, no run-time cost. Limits: ``x.data = v`` on a given
+    tensor is a rebinding torch records nowhere: write ``x.copy_(v)`` (Dynamo does not trace
+    ``.data =`` on a tensor made inside the compiled function either); non-persistent buffers
+    the module creates are dropped with the rest of the call's changes to the module. Tensors not
+    in ``state`` (``strict=False``) are the module's own and are used and updated as in PyTorch.
+
+    Tied weights: with ``tie_weights=True`` the tensor given for any name of a tied tensor goes
+    into every slot that holds it (:func:`from_module` gives one leaf per tied tensor); giving
+    two different tensors for two names of one tensor is a ``ValueError``.
 
     Args:
         module: the module to call.
@@ -293,8 +367,8 @@ def functional_call(
         strict: when False, names absent from ``state`` use the module's own tensors and names
             the module does not have are ignored. When True, both raise ``KeyError`` (missing
             means a parameter or persistent buffer, i.e. a ``state_dict()`` name).
-        tie_weights: tensors tied in the module stay tied: the value given under the first of
-            their names is used for all of them (see ``torch.func.functional_call``).
+        tie_weights: tensors tied in the module stay tied: the tensor given for one of their
+            names is used in every slot that holds them.
         return_state: return ``(output, new_state)`` instead of the output alone.
 
     Returns:
@@ -302,9 +376,10 @@ def functional_call(
 
     Raises:
         ValueError: a tensor's shape differs from the module's (the message names the key and
-            both shapes).
+            both shapes), or two tensors are given for the names of one tied tensor.
         KeyError: ``strict=True`` and keys are unknown or missing (the message lists them).
-        PermissionError: ``return_state=False`` and the module wrote one of the given tensors.
+        PermissionError: ``return_state=False`` and the module wrote one of the given tensors
+            or created a parameter or buffer.
 
     Example:
         >>> import torch, tdfunc
@@ -333,14 +408,31 @@ def functional_call(
         missing = [k for k in own if k in persistent and k not in flat and k not in tied_given]
         if missing:
             raise KeyError(MISSING_KEYS.format(keys=missing, module=name))
-    out, written = call_tracking_writes(module, flat, args, kwargs, tie_weights)
+    out, written, created = call_with_state(module, flat, matched.slots, args, kwargs, tie_weights)
     if not return_state:
         if written:
             _raise_written(module, next(iter(written)))
+        if created:
+            raise PermissionError(
+                STATE_CREATED.format(key=next(iter(created)), cls=type(module).__name__)
+            )
         return out
-    if not written:
-        return out, state
-    return out, _new_state(state, "", written, matched.alias)
+    new = state if not written else _new_state(state, "", written, matched.alias)
+    for key, value in created.items():
+        new = _with_created(new, key, value)
+    return out, new
+
+
+def _with_created(state: Any, key: str, value: Tensor) -> Any:
+    """``state`` with a tensor the module created while it ran, under its dotted name."""
+    if isinstance(state, TensorDict):
+        return state.set(tuple(key.split(".")), value)
+    if isinstance(state, Mapping):
+        mapping_type: Any = type(state)
+        return mapping_type({**state, key: value})
+    if isinstance(state, (tuple, list)) and state:
+        return type(state)([*state[:-1], _with_created(state[-1], key, value)])
+    raise TypeError(STATE_NO_ROOM.format(key=key, typ=type(state).__name__))
 
 
 # --------------------------------------------------------------------------------------
@@ -423,4 +515,4 @@ def stack_modules(modules: Sequence[nn.Module], *, buffers: bool = True) -> Tens
     return map_leaves(tds[0], fresh, torch.Size([len(modules)]))
 
 
-__all__ = ["from_module", "functional_call", "stack_modules"]
+__all__ = ["from_module", "functional_call", "stack_modules", "state_dict"]

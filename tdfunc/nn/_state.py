@@ -1,284 +1,242 @@
-"""Which of the tensors handed to a module did the module write?
+"""Calling a module on given tensors without writing them, and finding out what it wrote.
 
-:func:`call_tracking_writes` runs a module on *copy-on-write* clones of the given tensors (so
-the caller's tensors are never written, whatever the module does) and reports which clones
-the module wrote. A write is found in two ways, both plain Python that ``torch.compile``
-traces into the graph with no break (the tracking costs nothing at run time there):
+:func:`call_with_state` puts a *private copy* of each given tensor into the module's parameter
+and buffer slots (a copy-on-write clone: no data is copied unless the module writes it), calls
+the module, reads what happened from torch itself, and puts the module's own tensors back,
+whatever the call did (also when it raised). What happened is read in two ways, one rule in
+every mode (eager, ``torch.compile``, ``torch.vmap``, ``torch.func.grad``, export):
 
-* the module rebinds an attribute (``self.count = self.count + 1``): ``torch.func``'s
-  reparametrisation hands the new tensor back in the dict of tensors it was given;
-* the module writes a tensor in place: the clones are a small ``__torch_function__``
-  subclass, so every torch call that involves one is seen, and a call that writes it (or a
-  view of it) marks it: an in-place method or function (``add_``, ``x += 1``, ``x[i] = v``, ``.data = v``),
-  an ``out=`` argument, an ``inplace=True`` activation or dropout, and the running statistics
-  of the batch/instance norm functions in training mode.
+* **writes**: each copy's write mark, before and after the call
+  (:func:`~tdfunc.nn._versions.write_marks`): its version counter, which the dispatcher bumps
+  on every in-place write to the tensor or any view of it, inside C++ ops, foreach ops and
+  ``nn.init`` included, and whether the copy-on-write memory was copied (writes that ops do
+  without a version bump: batch norm's running statistics, ``buf.data = v``);
+* **rebinding** (``self.count = self.count + 1``: the slot holds another tensor) and
+  **state created** while the module runs (a
+  buffer registered, a ``None`` buffer assigned): the module's slot dictionaries after the call,
+  compared with a snapshot taken before it.
 
-Why not the tensors' version counters: under ``torch.compile`` a version is an unbacked
-symbolic integer, so "has it changed" is a data-dependent branch (a graph break), while the
-torch calls themselves are known when tracing. Why not a ``TorchFunctionMode``: entering a
-mode mutates the global mode stack, which ``scan``/``while_loop`` bodies reject. One rule, the
-same eagerly and compiled.
+No tensor subclass is wrapped around anything and nothing is patched: the module sees plain
+tensors, and its output is whatever it returns.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import get_overridable_functions
+from torch.nn.utils.stateless import _reparametrize_module
 
 from ..memmap._tensor import MemoryMappedTensor
 
-#: in-place dunder methods (``x += y`` calls ``__iadd__``; ``x[i] = v`` calls ``__setitem__``)
-_INPLACE_DUNDERS = (
-    "__iadd__",
-    "__isub__",
-    "__imul__",
-    "__itruediv__",
-    "__ifloordiv__",
-    "__imod__",
-    "__ipow__",
-    "__iand__",
-    "__ior__",
-    "__ixor__",
-    "__ilshift__",
-    "__irshift__",
-    "__imatmul__",
-    "__setitem__",
-)
-
-#: functions whose result shares memory with their first argument: a write to the result is a
-#: write to the argument.
-_VIEW_NAMES = (
-    "__getitem__",
-    "view",
-    "view_as",
-    "reshape",
-    "reshape_as",
-    "select",
-    "narrow",
-    "t",
-    "transpose",
-    "swapaxes",
-    "swapdims",
-    "permute",
-    "movedim",
-    "expand",
-    "expand_as",
-    "squeeze",
-    "unsqueeze",
-    "flatten",
-    "unflatten",
-    "diagonal",
-    "as_strided",
-    "detach",
-    "unfold",
-    "view_as_real",
-    "view_as_complex",
-    "split",
-    "chunk",
-    "unbind",
-    "tensor_split",
-)
-
-# Write rules, by function: what the call writes.
-_FIRST = 0  # the first argument (``self`` of a method)
-_INPLACE_FLAG = 1  # the first argument when the ``inplace`` flag (position p) is true
-_NORM_STATS = 2  # running mean / var (positions a, b) when the flag (position p) is true
+_NormBase = nn.modules.batchnorm._NormBase
+_NORM_STATISTICS = ("running_mean", "running_var")
 
 
-def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-
-
-def _build_rules() -> tuple[dict[Any, tuple[Any, ...]], frozenset[Any]]:
-    """The write rules and the view functions, computed once from torch's own function lists."""
-    rules: dict[Any, tuple[Any, ...]] = {}
-    views: set[Any] = set()
-    for fns in get_overridable_functions().values():
-        for fn in fns:
-            name = getattr(fn, "__name__", "")
-            if (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS:
-                rules[fn] = (_FIRST,)
-            elif name in _VIEW_NAMES:
-                views.add(fn)
-    # ``t.data = v`` replaces the data of ``t``; ``t.data`` is an alias of ``t``
-    # (torch's stubs declare ``Tensor.data`` a plain attribute; it is a descriptor)
-    rules[torch.Tensor.data.__set__] = (_FIRST,)  # type: ignore[attr-defined]
-    views.add(torch.Tensor.data.__get__)  # type: ignore[attr-defined]
-    for fn in get_overridable_functions()[F]:
-        sig = _signature(fn)
-        if sig is not None and "inplace" in sig.parameters:
-            rules[fn] = (_INPLACE_FLAG, list(sig.parameters).index("inplace"), "inplace", False)
-    # running statistics: (rule, mean position, var position, flag position, flag name, default)
-    rules[F.batch_norm] = (_NORM_STATS, 1, 2, 5, "training", False)
-    rules[F.instance_norm] = (_NORM_STATS, 1, 2, 5, "use_input_stats", True)
-    for name in (
-        "batch_norm",
-        "native_batch_norm",
-        "_native_batch_norm_legit",
-        "cudnn_batch_norm",
-        "miopen_batch_norm",
-    ):
-        norm_fn = getattr(torch, name, None)
-        if norm_fn is not None:
-            rules[norm_fn] = (_NORM_STATS, 3, 4, 5, "training", False)
-    rules[torch.instance_norm] = (_NORM_STATS, 3, 4, 5, "use_input_stats", True)
-    return rules, frozenset(views)
-
-
-_RULES, _VIEWS = _build_rules()
-
-
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str, default: Any) -> Any:
-    if len(args) > pos:
-        return args[pos]
-    return kwargs.get(name, default)
-
-
-def _mark(t: Any) -> None:
-    if isinstance(t, _Watched):
-        getattr(t, "_watch_root", t)._watch_written = True
-
-
-class _Watched(Tensor):
-    """A clone handed to the module: torch calls that write it (or a view of it) mark it.
-
-    Only calls that involve a watched tensor reach :meth:`__torch_function__`; they run as
-    plain torch calls and return plain tensors, except views of a watched tensor, which stay
-    watched (a write through ``x[0]``, ``x.view(-1)`` or ``x.data`` is a write to ``x``).
-    The mark is an attribute of the clone, created during the call, so nothing outside the
-    call is mutated (``torch.compile`` accepts this inside ``scan``/``while_loop`` bodies).
-    """
-
-    _watch_written: bool  # set on a clone: the module wrote it
-    _watch_root: _Watched  # set on a view: the watched tensor it aliases
-
-    @classmethod
-    def __torch_function__(
-        cls,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        if kwargs is None:
-            kwargs = {}
-        rule = _RULES.get(func)
-        if rule is not None:
-            kind = rule[0]
-            if kind == _FIRST:
-                _mark(args[0] if args else kwargs.get("input", kwargs.get("self")))
-            elif kind == _INPLACE_FLAG:
-                if _arg(args, kwargs, rule[1], rule[2], rule[3]):
-                    _mark(args[0] if args else kwargs.get("input"))
-            elif _arg(args, kwargs, rule[3], rule[4], rule[5]):
-                _mark(_arg(args, kwargs, rule[1], "running_mean", None))
-                _mark(_arg(args, kwargs, rule[2], "running_var", None))
-        out_arg = kwargs.get("out")
-        if out_arg is not None:
-            for o in out_arg if isinstance(out_arg, (tuple, list)) else (out_arg,):
-                _mark(o)
-        with torch._C.DisableTorchFunctionSubclass():
-            result = func(*args, **kwargs)
-        if func in _VIEWS and args and isinstance(args[0], _Watched):
-            root = getattr(args[0], "_watch_root", args[0])
-            if isinstance(result, (tuple, list)):
-                return type(result)(_watch_view(r, root) for r in result)
-            return _watch_view(result, root)
-        return result
-
-
-def _watch_view(view: Tensor, root: _Watched) -> _Watched:
-    w = view.as_subclass(_Watched)
-    w._watch_root = root
-    return w
-
-
-def _plain(t: Tensor) -> Tensor:
-    """A plain tensor holding the value of ``t`` (an alias of a watched tensor, or ``t``)."""
-    if isinstance(t, _Watched):
-        with torch._C.DisableTorchFunctionSubclass():
-            return t.view_as(t)
-    return t
-
-
-def lazy_clone(t: Tensor) -> Tensor:
-    """A copy-on-write clone: no data is copied until one of the two tensors is written.
-
-    Memory-mapped leaves are copied: torch's copy-on-write needs memory that torch allocated,
-    and a module may write any tensor it is given (the file is never written; to call a
-    memory-mapped state many times, materialise it once with ``state.clone()``). Inside
-    ``torch.vmap`` the leaves are copied too: ``_lazy_clone`` has no batching rule, and its
-    per-member fallback costs far more than one batched copy of an ensemble's parameters.
-    """
-    if isinstance(t, MemoryMappedTensor) or torch._C._functorch.is_batchedtensor(t):
+def _cow_or_copy(t: Tensor) -> Tensor:
+    if isinstance(t, MemoryMappedTensor) or t.numel() == 0:
         return t.clone()
     return torch.ops.aten._lazy_clone(t)
 
 
-def has_shared_tensors(module: nn.Module) -> bool:
-    """True when one tensor is reachable under two names of ``module`` (tied weights, or a
-    submodule used twice): the only case where ``tie_weights`` changes what torch.func does.
+def private_copy(t: Tensor) -> Tensor:
+    """A tensor with the value of ``t`` that can be written without writing ``t``.
+
+    A copy-on-write clone (nothing is copied unless one of the two is written; under
+    ``torch.vmap`` levels, of the tensor under the batched wrappers, wrapped again), except
+    where torch's copy-on-write cannot be used, where it is a copy: memory-mapped leaves (it
+    needs memory torch allocated), empty tensors (torch's copy-on-write fails when a module
+    grows one with ``resize_``, as observers do; copying nothing costs nothing) and tensors
+    under a ``torch.func.grad`` level (the copy must stay differentiable, and ``_lazy_clone``
+    has no batching rule).
 
     Example:
         >>> import torch
-        >>> lin = torch.nn.Linear(2, 2)
-        >>> has_shared_tensors(torch.nn.Sequential(lin, torch.nn.Linear(2, 2)))
-        False
-        >>> has_shared_tensors(torch.nn.Sequential(lin, lin))
-        True
+        >>> t = torch.zeros(3)
+        >>> c = private_copy(t)
+        >>> _ = c.add_(1)
+        >>> t.tolist(), c.tolist()
+        ([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
     """
-    seen: set[int] = set()
-    todo = [module]
-    while todo:
-        m = todo.pop()
-        for t in (*m._parameters.values(), *m._buffers.values()):
-            if t is not None:
-                if id(t) in seen:
-                    return True
-                seen.add(id(t))
-        todo.extend(sub for sub in m._modules.values() if sub is not None)
+    if not torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return _cow_or_copy(t)
+    levels: list[tuple[int, int]] = []
+    base = t
+    while torch._C._functorch.is_functorch_wrapped_tensor(base):
+        if not torch._C._functorch.is_batchedtensor(base):
+            return t.clone()
+        levels.append(
+            (torch._C._functorch.maybe_get_bdim(base), torch._C._functorch.maybe_get_level(base))
+        )
+        base = torch._C._functorch.get_unwrapped(base)
+    out = _cow_or_copy(base)
+    for bdim, level in reversed(levels):
+        out = torch._C._functorch._add_batch_dim(out, bdim, level)
+    return out
+
+
+Slot = tuple[nn.Module, str]
+
+
+@dataclass
+class _Snapshot:
+    """Every distinct submodule of a module with the contents of its slot dictionaries."""
+
+    modules: list[tuple[str, nn.Module, dict[str, Tensor | None], dict[str, Tensor | None]]]
+
+    @staticmethod
+    def take(module: nn.Module) -> _Snapshot:
+        out: list[tuple[str, nn.Module, dict[str, Tensor | None], dict[str, Tensor | None]]] = []
+        seen: set[int] = set()
+
+        def walk(m: nn.Module, prefix: str) -> None:
+            if id(m) in seen:
+                return
+            seen.add(id(m))
+            out.append((prefix, m, dict(m._parameters), dict(m._buffers)))
+            for name, sub in m._modules.items():
+                if sub is not None:
+                    walk(sub, prefix + name + ".")
+
+        walk(module, "")
+        return _Snapshot(out)
+
+    def name_of(self, slot: Slot) -> str:
+        """A dotted name of ``slot`` (through the first name of its module)."""
+        m, attr = slot
+        for prefix, mod, _, _ in self.modules:
+            if mod is m:
+                return prefix + attr
+        raise KeyError(attr)
+
+    def slots_by_tensor(self) -> dict[int, list[Slot]]:
+        """id of each tensor -> every slot holding it (more than one: tied)."""
+        by_id: dict[int, list[Slot]] = {}
+        for _, m, params, buffers in self.modules:
+            for d in (params, buffers):
+                for name, t in d.items():
+                    if t is not None:
+                        by_id.setdefault(id(t), []).append((m, name))
+        return by_id
+
+    def created(self) -> dict[str, Tensor]:
+        """Persistent parameters/buffers that hold a tensor now and held none before."""
+        new: dict[str, Tensor] = {}
+        for prefix, m, params, buffers in self.modules:
+            for d, before in ((m._parameters, params), (m._buffers, buffers)):
+                if len(d) == len(before) and all(before[k] is not None for k in before):
+                    continue
+                skip = m._non_persistent_buffers_set if d is m._buffers else ()
+                for name, t in d.items():
+                    if t is not None and before.get(name) is None and name not in skip:
+                        new[prefix + name] = t
+        return new
+
+    def restore_created(self) -> None:
+        """Take back what the call added: slots created or filled while it ran."""
+        for _, m, params, buffers in self.modules:
+            for d, before in ((m._parameters, params), (m._buffers, buffers)):
+                for name in [k for k in d if k not in before]:
+                    del d[name]
+                    m._non_persistent_buffers_set.discard(name)
+                for name, t in before.items():
+                    if t is None and d.get(name) is not None:
+                        d[name] = None
+
+
+def _norm_statistic(where: list[Slot]) -> bool:
+    """A running statistic that a batch/instance norm module in training mode updates.
+
+    torch's norm kernels write their running statistics without declaring it in their schema,
+    so no version counter moves (and under ``torch.compile`` nothing else shows it either):
+    these are counted as written whenever the module runs in training mode with running
+    statistics, in every mode alike.
+    """
+    for m, name in where:
+        if (
+            name in _NORM_STATISTICS
+            and isinstance(m, _NormBase)
+            and m.training
+            and m.track_running_stats
+        ):
+            return True
     return False
 
 
-def call_tracking_writes(
+def _slot_dict(slot: Slot) -> dict[str, Any]:
+    m, name = slot
+    return m._parameters if name in m._parameters else m._buffers
+
+
+def call_with_state(
     module: nn.Module,
     tensors: dict[str, Tensor],
+    slots: dict[str, Slot],
     args: Any,
     kwargs: dict[str, Any] | None,
     tie_weights: bool,
-) -> tuple[Any, dict[str, Tensor]]:
-    """Call ``module`` with copy-on-write clones of ``tensors``; return what it wrote.
+) -> tuple[Any, dict[str, Tensor], dict[str, Tensor]]:
+    """Call ``module`` with private copies of ``tensors`` in its slots; report its writes.
+
+    Args:
+        module: the module to call.
+        tensors: dotted name -> the tensor to use (never written).
+        slots: dotted name -> ``(owner module, attribute name)`` of that name's slot.
+        args: positional arguments (a non-tuple value is the only one).
+        kwargs: keyword arguments.
+        tie_weights: every other slot holding the same module tensor as a named slot gets the
+            same copy (tied weights, submodules reachable under two names).
 
     Returns:
-        ``(output, written)``: the module's output and, for each name whose tensor the module
-        wrote in place or rebound, a plain tensor holding the new value (in call order). The
-        tensors of ``tensors`` are never written.
+        ``(output, written, created)``: the module's output; for each name whose tensor the
+        module wrote in place or rebound, the tensor holding the new value; and the persistent
+        parameters/buffers the module created while it ran, by dotted name. The module is left
+        exactly as it was (its own tensor objects back in every slot, created ones removed).
     """
-    clones: list[_Watched] = []
-    for t in tensors.values():
-        c = lazy_clone(t).as_subclass(_Watched)
-        c._watch_written = False  # an instance attribute (Dynamo traces no class default)
-        clones.append(c)
-    given: dict[str, Tensor] = dict(zip(tensors, clones))
-    # ``tie_weights=True`` makes torch walk every submodule's named tensors at every call;
-    # a module without shared tensors gets the same result without it
-    tie = tie_weights and has_shared_tensors(module)
-    out = torch.func.functional_call(module, given, args, kwargs, tie_weights=tie)
-    written: dict[str, Tensor] = {}
-    # ``given`` now holds what the module rebound (torch.func writes it back there)
-    for (name, now), clone in zip(given.items(), clones):
-        if clone._watch_written or now is not clone:
-            written[name] = _plain(now)
-    return out, written
+    from ._versions import write_marks  # imports torch._dynamo: on first use only
+
+    snapshot = _Snapshot.take(module)
+    by_id = snapshot.slots_by_tensor() if tie_weights else {}
+    copies: list[Tensor] = []
+    # the slots each given name fills, by a dotted name torch's reparametrisation resolves
+    targets: list[list[tuple[str, Slot]]] = []
+    swap: dict[str, Tensor] = {}
+    for name, t in tensors.items():
+        slot = slots[name]
+        c = private_copy(t)
+        copies.append(c)
+        own = _slot_dict(slot)[slot[1]]
+        tied = by_id.get(id(own)) if own is not None else None
+        where = [(snapshot.name_of(s), s) for s in tied] if tied else [(name, slot)]
+        targets.append(where)
+        for dotted, _ in where:
+            swap[dotted] = c
+    before = write_marks(copies)
+    if not isinstance(args, tuple):
+        args = (args,)
+    try:
+        # torch's own reparametrisation: put back in the slots (last in, first out) whatever
+        # happens, and known to torch.compile (also inside scan/while_loop bodies); ``swap``
+        # then holds what each slot held at the end of the call
+        with _reparametrize_module(module, swap, stack_weights=True):
+            out = module(*args, **(kwargs or {}))
+        after = write_marks(copies)
+        written: dict[str, Tensor] = {}
+        for (name, c), where, m0, m1 in zip(zip(tensors, copies), targets, before, after):
+            for dotted, _ in where:
+                now = swap[dotted]
+                if now is not c and isinstance(now, Tensor):
+                    written[name] = now
+                    break
+            else:
+                if m1 != m0 or _norm_statistic([s for _, s in where]):
+                    written[name] = c
+        created = snapshot.created()
+    finally:
+        snapshot.restore_created()
+    return out, written, created
 
 
-__all__ = ["call_tracking_writes", "has_shared_tensors", "lazy_clone"]
+__all__ = ["call_with_state", "private_copy"]
