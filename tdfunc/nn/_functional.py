@@ -191,13 +191,25 @@ class _Matched:
             # slot; the same tensor again is fine, another one would be silently ignored
             first = self.tied.get(id(ref))
             if first is not None:
-                if v is not self.out[first]:
+                if not _same_tensor(v, self.out[first]):
                     raise ValueError(TIED_TWICE.format(key=name, first=first))
                 self.alias[name] = first
                 return
             self.tied[id(ref)] = name
         self.out[name] = v
         self.slots[name] = (owner, attr)
+
+
+def _same_tensor(a: Tensor, b: Tensor) -> bool:
+    """``a`` and ``b`` are one tensor: the same object, or aliases with the same geometry (as
+    ``state_dict()`` gives for tied weights: one detached alias per name)."""
+    return a is b or (
+        torch._C._is_alias_of(a, b)  # type: ignore[attr-defined]
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.storage_offset() == b.storage_offset()
+        and a.dtype == b.dtype
+    )
 
 
 def _match_node(node: Any, module: nn.Module | None, prefix: str, m: _Matched) -> None:
@@ -347,13 +359,20 @@ def functional_call(
     Writes are read from torch, not guessed: the version counter of each copy, which the
     dispatcher bumps on every in-place write to the tensor or any of its views (``add_``,
     ``x[i] = v``, ``out=``, ``inplace=True``, writes inside C++ ops such as
-    ``F.embedding(..., max_norm=...)``, foreach ops, ``nn.init``), and the module's slots after
-    the call (rebinding, ``self.count = self.count + 1``). Under ``torch.compile`` the versions
-    are known while tracing: no graph break, no run-time cost. Limits: ``x.data = v`` on a given
-    tensor is a rebinding torch records nowhere: write ``x.copy_(v)`` (Dynamo does not trace
-    ``.data =`` on a tensor made inside the compiled function either); non-persistent buffers
-    the module creates are dropped with the rest of the call's changes to the module. Tensors not
-    in ``state`` (``strict=False``) are the module's own and are used and updated as in PyTorch.
+    ``F.embedding(..., max_norm=...)``, foreach ops, ``nn.init``), the storage of each buffer
+    (``x.data = v``) and the module's slots after the call (rebinding,
+    ``self.count = self.count + 1``; state created). Under ``torch.compile`` the versions are
+    known while tracing: no graph break, no run-time cost. Two kinds of torch kernels write
+    without recording it, and their tensors are counted as written whenever their module takes
+    part in the call: the running statistics of batch/instance norm modules in training mode,
+    and the state of ``FusedMovingAvgObsFakeQuantize``. Limits of torch 2.13: under
+    ``torch.compile``, in-place foreach ops (``torch._foreach_add_`` ...) on a buffer are not
+    seen (torch's fake tensors record no version for them; eager calls are exact), and Dynamo
+    does not trace ``x.data = v`` on a copy (``fullgraph=True`` stops with its error); inside
+    ``torch.func`` transforms torch refuses ``x.data = v`` with its own error. Tensors not in
+    ``state`` (``strict=False``) are the module's own and are used and updated as in PyTorch;
+    non-persistent buffers the module creates are dropped with the rest of the call's changes
+    to the module.
 
     Tied weights: with ``tie_weights=True`` the tensor given for any name of a tied tensor goes
     into every slot that holds it (:func:`from_module` gives one leaf per tied tensor); giving

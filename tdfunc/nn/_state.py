@@ -33,24 +33,35 @@ from ..memmap._tensor import MemoryMappedTensor
 
 _NormBase = nn.modules.batchnorm._NormBase
 _NORM_STATISTICS = ("running_mean", "running_var")
+_FusedFakeQuantize = torch.ao.quantization.FusedMovingAvgObsFakeQuantize
+_FUSED_FQ_STATE = ("scale", "zero_point")
+_OBSERVED_RANGE = ("min_val", "max_val")
 
 
-def _cow_or_copy(t: Tensor) -> Tensor:
-    if isinstance(t, MemoryMappedTensor) or t.numel() == 0:
+def _cow_or_copy(t: Tensor, buffer: bool) -> Tensor:
+    if buffer or isinstance(t, MemoryMappedTensor):
         return t.clone()
     return torch.ops.aten._lazy_clone(t)
 
 
-def private_copy(t: Tensor) -> Tensor:
+def _no_cow_below(t: Tensor) -> bool:
+    """A vmap level or a memory-mapped tensor under ``t``'s wrappers: no copy-on-write."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        if torch._C._functorch.is_batchedtensor(t):
+            return True
+        t = torch._C._functorch.get_unwrapped(t)
+    return isinstance(t, MemoryMappedTensor)
+
+
+def private_copy(t: Tensor, buffer: bool = False) -> Tensor:
     """A tensor with the value of ``t`` that can be written without writing ``t``.
 
-    A copy-on-write clone (nothing is copied unless one of the two is written; under
-    ``torch.vmap`` levels, of the tensor under the batched wrappers, wrapped again), except
-    where torch's copy-on-write cannot be used, where it is a copy: memory-mapped leaves (it
-    needs memory torch allocated), empty tensors (torch's copy-on-write fails when a module
-    grows one with ``resize_``, as observers do; copying nothing costs nothing) and tensors
-    under a ``torch.func.grad`` level (the copy must stay differentiable, and ``_lazy_clone``
-    has no batching rule).
+    Parameters get a copy-on-write clone (nothing is copied unless one of the two is written;
+    under ``torch.vmap`` levels, of the tensor under the batched wrappers, wrapped again).
+    Buffers (``buffer=True``) and memory-mapped leaves get a copy: torch's copy-on-write cannot
+    grow a tensor (``resize_``, which observers do to their buffers) and needs memory torch
+    allocated; buffers are small state. Under a ``torch.func.grad`` level above a ``torch.vmap``
+    level the copy is a plain clone (copy-on-write has no batching rule).
 
     Example:
         >>> import torch
@@ -61,17 +72,19 @@ def private_copy(t: Tensor) -> Tensor:
         ([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
     """
     if not torch._C._functorch.is_functorch_wrapped_tensor(t):
-        return _cow_or_copy(t)
+        return _cow_or_copy(t, buffer)
     levels: list[tuple[int, int]] = []
     base = t
     while torch._C._functorch.is_functorch_wrapped_tensor(base):
         if not torch._C._functorch.is_batchedtensor(base):
-            return t.clone()
+            # a differentiated tensor: the copy must stay differentiable; copy-on-write has
+            # no batching rule and needs memory torch allocated
+            return t.clone() if _no_cow_below(base) else torch.ops.aten._lazy_clone(t)
         levels.append(
             (torch._C._functorch.maybe_get_bdim(base), torch._C._functorch.maybe_get_level(base))
         )
         base = torch._C._functorch.get_unwrapped(base)
-    out = _cow_or_copy(base)
+    out = _cow_or_copy(base, buffer)
     for bdim, level in reversed(levels):
         out = torch._C._functorch._add_batch_dim(out, bdim, level)
     return out
@@ -85,23 +98,28 @@ class _Snapshot:
     """Every distinct submodule of a module with the contents of its slot dictionaries."""
 
     modules: list[tuple[str, nn.Module, dict[str, Tensor | None], dict[str, Tensor | None]]]
+    #: ids of the observers of fused fake-quantize modules (see :func:`_undeclared_write`)
+    fused_observers: set[int]
 
     @staticmethod
     def take(module: nn.Module) -> _Snapshot:
         out: list[tuple[str, nn.Module, dict[str, Tensor | None], dict[str, Tensor | None]]] = []
         seen: set[int] = set()
+        fused: set[int] = set()
 
         def walk(m: nn.Module, prefix: str) -> None:
             if id(m) in seen:
                 return
             seen.add(id(m))
+            if isinstance(m, _FusedFakeQuantize):
+                fused.add(id(m.activation_post_process))
             out.append((prefix, m, dict(m._parameters), dict(m._buffers)))
             for name, sub in m._modules.items():
                 if sub is not None:
                     walk(sub, prefix + name + ".")
 
         walk(module, "")
-        return _Snapshot(out)
+        return _Snapshot(out, fused)
 
     def name_of(self, slot: Slot) -> str:
         """A dotted name of ``slot`` (through the first name of its module)."""
@@ -146,23 +164,35 @@ class _Snapshot:
                         d[name] = None
 
 
-def _norm_statistic(where: list[Slot]) -> bool:
-    """A running statistic that a batch/instance norm module in training mode updates.
+def _undeclared_write(where: list[Slot], fused_observers: set[int]) -> bool:
+    """A tensor that a torch op writes without declaring it (so without a version bump).
 
-    torch's norm kernels write their running statistics without declaring it in their schema,
-    so no version counter moves (and under ``torch.compile`` nothing else shows it either):
-    these are counted as written whenever the module runs in training mode with running
-    statistics, in every mode alike.
+    Two kinds of torch kernels write tensors their schema does not mark as written, so no
+    version counter moves (and under ``torch.compile`` nothing else shows it either): batch and
+    instance norm update their running statistics, and the fused moving-average fake-quantize
+    op its scale, zero point and observed range. These tensors are counted as written whenever
+    their module takes part in the call (norms: in training mode with running statistics), in
+    every mode alike.
     """
     for m, name in where:
-        if (
-            name in _NORM_STATISTICS
-            and isinstance(m, _NormBase)
-            and m.training
-            and m.track_running_stats
+        if name in _NORM_STATISTICS and isinstance(m, _NormBase):
+            if m.training and m.track_running_stats:
+                return True
+        elif (name in _FUSED_FQ_STATE and isinstance(m, _FusedFakeQuantize)) or (
+            name in _OBSERVED_RANGE and id(m) in fused_observers
         ):
             return True
     return False
+
+
+def _same_values(a: Tensor, b: Tensor) -> bool:
+    """Equal values, compared under the functorch wrappers (``torch.equal`` has no batching
+    rule): a copy-on-write clone whose memory was copied without being written."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(a):
+        a = torch._C._functorch.get_unwrapped(a)
+    while torch._C._functorch.is_functorch_wrapped_tensor(b):
+        b = torch._C._functorch.get_unwrapped(b)
+    return torch.equal(a, b)
 
 
 def _slot_dict(slot: Slot) -> dict[str, Any]:
@@ -205,15 +235,17 @@ def call_with_state(
     swap: dict[str, Tensor] = {}
     for name, t in tensors.items():
         slot = slots[name]
-        c = private_copy(t)
+        d = _slot_dict(slot)
+        own = d[slot[1]]
+        c = private_copy(t, d is slot[0]._buffers)
         copies.append(c)
-        own = _slot_dict(slot)[slot[1]]
         tied = by_id.get(id(own)) if own is not None else None
         where = [(snapshot.name_of(s), s) for s in tied] if tied else [(name, slot)]
         targets.append(where)
         for dotted, _ in where:
             swap[dotted] = c
-    before = write_marks(copies)
+    is_buffer = [slots[n][1] in slots[n][0]._buffers for n in tensors]
+    before = write_marks(copies, is_buffer)
     if not isinstance(args, tuple):
         args = (args,)
     try:
@@ -222,7 +254,7 @@ def call_with_state(
         # then holds what each slot held at the end of the call
         with _reparametrize_module(module, swap, stack_weights=True):
             out = module(*args, **(kwargs or {}))
-        after = write_marks(copies)
+        after = write_marks(copies, is_buffer)
         written: dict[str, Tensor] = {}
         for (name, c), where, m0, m1 in zip(zip(tensors, copies), targets, before, after):
             for dotted, _ in where:
@@ -231,7 +263,11 @@ def call_with_state(
                     written[name] = now
                     break
             else:
-                if m1 != m0 or _norm_statistic([s for _, s in where]):
+                if (
+                    m1[:2] != m0[:2]
+                    or (m0[2] and not m1[2] and not _same_values(c, tensors[name]))
+                    or _undeclared_write([s for _, s in where], snapshot.fused_observers)
+                ):
                     written[name] = c
         created = snapshot.created()
     finally:

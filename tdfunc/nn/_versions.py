@@ -1,15 +1,15 @@
 """Has a tensor been written? Read from torch, eagerly and under ``torch.compile``.
 
-Two records that torch keeps, combined in one number per tensor by :func:`write_marks`:
+:func:`write_marks` gives one number per tensor that changes when the tensor is written:
 
-* the version counter, which the dispatcher bumps on every in-place write to the tensor or to
+* its version counter, which the dispatcher bumps on every in-place write to the tensor or to
   any of its views, including writes inside C++ ops (``F.embedding(..., max_norm=...)``),
   foreach ops and ``nn.init``; under ``torch.vmap`` / ``torch.func.grad``, the counter of the
   tensor under the functorch wrappers (a batched wrapper's own counter does not move);
-* whether a copy-on-write clone still shares its memory: torch copies the memory the first
-  time a kernel asks to write it. This also sees the writes that ops do without declaring them
-  in their schema, so without a version bump: the running statistics of batch and instance
-  norm (eagerly, also under ``torch.vmap``), and ``t.data = v``.
+* for the tensors asked (buffers), the identity of its storage too, which changes when
+  ``t.data = v`` swaps the memory under the tensor (torch records no version for that);
+* whether a copy-on-write clone still shares its memory (a write through ``t.data``, whose
+  version counter is another one, copies it).
 
 Under ``torch.compile`` Dynamo turns ``t._version`` into an unbacked symbolic integer, so
 "did it change" would be a data-dependent branch. The counter of the fake tensor Dynamo traces
@@ -17,7 +17,9 @@ with is exact, though: it is bumped by every in-place op traced. :func:`write_ma
 registered with ``torch._dynamo.substitute_in_graph``, and Dynamo traces a custom op
 (``tdfunc::versions``) instead, whose fake implementation reports each fake tensor's version as
 the static length of an empty ``meta`` tensor: a constant while tracing, no guard, no graph
-break. The op's results are never used, so a compiled graph does no work for it.
+break. The op's results are never used, so a compiled graph does no work for it. (Dynamo does
+not trace ``t.data = v`` on a tensor made inside the compiled function: it stops with its own
+error, so the traced marks need no storage identity.)
 
 This module imports ``torch._dynamo`` (about a second), so it is imported on first use, from
 inside :func:`tdfunc.functional_call` (also when Dynamo traces that call: the import itself
@@ -33,9 +35,6 @@ from torch import Tensor
 from ..memmap._tensor import MemoryMappedTensor
 from ._state import private_copy
 
-_LIB = torch.library.Library("tdfunc", "FRAGMENT")
-_LIB.define("versions(Tensor[] tensors) -> Tensor[]")
-
 
 def _base(t: Tensor) -> Tensor:
     """The tensor under ``t``'s functorch wrappers (``t`` itself outside any transform)."""
@@ -44,55 +43,69 @@ def _base(t: Tensor) -> Tensor:
     return t
 
 
-def _mark(t: Tensor) -> int:
-    base = _base(t)
-    return 2 * base._version + (0 if torch._C._is_cow_tensor(base) else 1)  # type: ignore[attr-defined]
+def _lengths(tensors: list[Tensor]) -> list[Tensor]:
+    return [torch.empty((_base(t)._version,), device="meta") for t in tensors]
 
 
-def _as_lengths(tensors: list[Tensor]) -> list[Tensor]:
-    return [torch.empty((_mark(t),), device="meta") for t in tensors]
-
-
-_LIB.impl("versions", _as_lengths, "CompositeExplicitAutograd")
-torch.library.register_fake("tdfunc::versions", lib=_LIB)(_as_lengths)
+_LIB = torch.library.Library("tdfunc", "FRAGMENT")
+_LIB.define("versions(Tensor[] tensors) -> Tensor[]")
+_LIB.impl("versions", _lengths, "CompositeExplicitAutograd")
+torch.library.register_fake("tdfunc::versions", lib=_LIB)(_lengths)
 
 
 @torch.library.register_vmap("tdfunc::versions", lib=_LIB)
 def _versions_vmap(
     info: object, in_dims: object, tensors: list[Tensor]
 ) -> tuple[list[Tensor], list[None]]:
-    return _as_lengths(tensors), [None] * len(tensors)
+    return _lengths(tensors), [None] * len(tensors)
 
 
-def write_marks(tensors: list[Tensor]) -> list[int]:
-    """A number per tensor that changes whenever the tensor's data is written.
+def write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tuple[int, int, bool]]:
+    """A mark per tensor that changes when the tensor is written: compare before and after.
 
-    Twice the version counter, plus one once the tensor does not share copy-on-write memory
-    (any more). Compare the marks taken before and after a call.
+    The mark is ``(version, storage identity, still copy-on-write)``. A copy-on-write clone
+    stops being one when a kernel asks to write its memory: writes torch records no version
+    for, e.g. through ``t.data`` (a separate version counter), show there. Some kernels ask
+    without writing (``torch.lstm`` on CPU), so a caller confirms such a change by value.
+
+    Args:
+        tensors: the tensors to mark.
+        storages: for each tensor, whether its storage identity is part of the mark (sees
+            ``t.data = v``; costs a storage lookup).
 
     Example:
         >>> import torch
         >>> t = torch.zeros(3)
-        >>> before = write_marks([t])
+        >>> before = write_marks([t], [True])
         >>> _ = t[1:].add_(1)  # a write through a view
-        >>> write_marks([t]) != before
+        >>> write_marks([t], [True]) != before
+        True
+        >>> before = write_marks([t], [True])
+        >>> t.data = torch.ones(3)
+        >>> write_marks([t], [True]) != before
         True
     """
-    return [_mark(t) for t in tensors]
-
-
-@torch._dynamo.substitute_in_graph(private_copy)
-def _traced_private_copy(t: Tensor) -> Tensor:
-    # Dynamo cannot look under functorch wrappers; a compiled graph is functional anyway
-    # (every copy is a clone there), so only what is cheapest to trace matters here
-    if torch._C._functorch.is_batchedtensor(t) or isinstance(t, MemoryMappedTensor):
-        return t.clone()
-    return torch.ops.aten._lazy_clone(t)
+    out = []
+    for t, s in zip(tensors, storages):
+        base = _base(t)
+        cow = torch._C._is_cow_tensor(base)  # type: ignore[attr-defined]
+        out.append((base._version, base.untyped_storage()._cdata if s else 0, cow))
+    return out
 
 
 @torch._dynamo.substitute_in_graph(write_marks)
-def _traced_write_marks(tensors: list[Tensor]) -> list[int]:
-    return [o.shape[0] for o in torch.ops.tdfunc.versions(tensors)]
+def _traced_write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tuple[int, int, bool]]:
+    # fake tensors have no copy-on-write memory and no storage to swap (see above)
+    return [(o.shape[0], 0, False) for o in torch.ops.tdfunc.versions(tensors)]
+
+
+@torch._dynamo.substitute_in_graph(private_copy)
+def _traced_private_copy(t: Tensor, buffer: bool = False) -> Tensor:
+    # Dynamo cannot look under functorch wrappers; a compiled graph is functional anyway
+    # (every copy is a clone there), so only what is cheapest to trace matters here
+    if buffer or torch._C._functorch.is_batchedtensor(t) or isinstance(t, MemoryMappedTensor):
+        return t.clone()
+    return torch.ops.aten._lazy_clone(t)
 
 
 __all__ = ["write_marks"]
