@@ -5,12 +5,12 @@ Runs when ``transformers`` is installed (``pip install transformers``); otherwis
 and exits cleanly. The model is built from a config: nothing is downloaded.
 
 Tied weights: GPT-2 uses its token embedding as the output layer (``lm_head.weight`` is
-``transformer.wte.weight``). ``torch.func.stack_module_state`` lists parameters once, so the
-tied name ``lm_head.weight`` is silently missing from its result. tdfunc keeps every name a
-module's ``state_dict()`` has: ``from_module`` puts the one tensor under both names, and
-``stack_modules`` stacks it once and puts the stacked tensor under both names, so
-``functional_call`` of a member feeds the same weight to the embedding and the output layer,
-and a safetensors file written from it has every name ``transformers`` expects.
+``transformer.wte.weight``). ``from_module`` and ``stack_modules`` keep one leaf per tied
+tensor, under its first name (as ``named_parameters()``): gradients and updates reach the one
+value, so training never unties it. ``functional_call`` puts that leaf into every slot that
+holds it (the embedding and the output layer), and ``tdfunc.state_dict(model, params)`` gives
+every name back (one tensor under both), for ``load_state_dict`` or a safetensors file with
+every name ``transformers`` expects.
 """
 
 from __future__ import annotations
@@ -62,19 +62,18 @@ def main() -> None:
         members.append(GPT2LMHeadModel(config).eval())
     ids = torch.randint(0, config.vocab_size, (2, 16))
 
-    # 1. parameters as a TensorDict: the state_dict names, the tie kept
+    # 1. parameters as a TensorDict: one leaf per tensor, the tie kept as one value
     params = tdfunc.from_module(members[0])
-    assert params["lm_head", "weight"] is params["transformer", "wte", "weight"]
-    theirs, _ = torch.func.stack_module_state(members)
+    assert "lm_head" not in params.keys()
+    full = tdfunc.state_dict(members[0], params)
+    assert full["lm_head.weight"] is full["transformer.wte.weight"]
     print(
-        f"from_module: {len(params.keys(True, True))} tensors, lm_head.weight tied to the "
-        f"embedding; torch.func.stack_module_state has lm_head.weight: "
-        f"{'lm_head.weight' in theirs}"
+        f"from_module: {len(params.keys(True, True))} tensors (lm_head.weight is the embedding); "
+        f"tdfunc.state_dict gives all {len(full)} names back"
     )
 
     # 2. a vmap ensemble of the members: each slice matches that member's own output
     stacked = tdfunc.stack_modules(members)
-    assert stacked["lm_head", "weight"] is stacked["transformer", "wte", "weight"]
     base = members[0]
     ensemble = torch.vmap(lambda p, x: logits_of(base, p, x), in_dims=(0, None))
     with torch.no_grad():
@@ -101,17 +100,17 @@ def main() -> None:
     # 4. a safetensors checkpoint that transformers loads back into a model
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d)
+        every_name = tdfunc.state_dict(members[2], tdfunc.from_module(members[2]))
         tdfunc.save_safetensors(
-            tdfunc.from_module(members[2]), os.path.join(d, "model.safetensors")
+            tdfunc.TensorDict(every_name).unflatten_keys("."), os.path.join(d, "model.safetensors")
         )
         loaded = GPT2LMHeadModel.from_pretrained(d).eval()
         mapped = tdfunc.load_safetensors(os.path.join(d, "model.safetensors"))
         with torch.no_grad():
             expected = members[2](ids, use_cache=False).logits
             torch.testing.assert_close(loaded(ids, use_cache=False).logits, expected)
-            # functional_call's copy-on-write guard does not take memory-mapped leaves yet:
-            # call it with an in-memory copy of the mapped checkpoint
-            torch.testing.assert_close(logits_of(base, mapped.clone(), ids), expected)
+            # the memory-mapped checkpoint runs as it is (functional_call copies what it maps)
+            torch.testing.assert_close(logits_of(base, mapped, ids), expected)
         assert mapped["lm_head", "weight"] is mapped["transformer", "wte", "weight"]
     print("safetensors round trip: transformers.from_pretrained and tdfunc.load_safetensors agree")
 

@@ -340,8 +340,8 @@ def test_every_corpus_file_is_valid_for_safetensors(tmp_path, name):
 
 def test_supported_dtypes_match_the_safetensors_package():
     safetensors_torch = pytest.importorskip("safetensors.torch")
-    theirs = {d for d in safetensors_torch._TYPES.values() if d is not None}
-    assert set(ST_NAMES) <= theirs | {torch.complex64}
+    known = [*safetensors_torch._TYPES.values(), *safetensors_torch._SIZE]
+    assert set(ST_NAMES) <= {d for d in known if d is not None}
 
 
 # ================================================================== errors
@@ -444,8 +444,15 @@ def test_corrupt_headers(tmp_path):
 
 def test_unknown_dtype_in_a_file(tmp_path):
     f = tmp_path / "x.safetensors"
-    write_raw(f, {"a": {"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}}, b"\0")
-    with pytest.raises(TypeError, match=re.escape(f"from {str(f)!r}: safetensors dtype 'F4'")):
+    # a dtype of the format that torch has no type for (the reference refuses it too)
+    write_raw(f, {"a": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [0, 3]}}, b"\0" * 3)
+    msg = f"from {str(f)!r}: safetensors dtype 'F6_E2M3' is not supported"
+    with pytest.raises(SafetensorsFormatError, match=re.escape(msg)):
+        load_safetensors(f)
+    # a name that is no dtype of the format
+    write_raw(f, {"a": {"dtype": "X9", "shape": [1], "data_offsets": [0, 1]}}, b"\0")
+    msg = E.ENTRY_BAD_DTYPE.format(name="a", dtype="X9")
+    with pytest.raises(SafetensorsFormatError, match=re.escape(msg)):
         load_safetensors(f)
 
 
@@ -493,6 +500,13 @@ def test_unknown_node_type(tmp_path):
     header["__metadata__"][META_KEY] = json.dumps(desc)
     write_raw(f, header, f.read_bytes()[-4:])
     with pytest.raises(TypeError, match=re.escape("'some.module.Missing', which is not")):
+        load_safetensors(f)
+    desc["root"]["type"] = None  # not a name at all: the structure is corrupt
+    header["__metadata__"][META_KEY] = json.dumps(desc)
+    write_raw(f, header, f.read_bytes()[-4:])
+    with pytest.raises(
+        SafetensorsFormatError, match=re.escape(E.STRUCT_BAD_TYPE.format(where="<root>", name=None))
+    ):
         load_safetensors(f)
 
 
@@ -542,3 +556,380 @@ def test_functional_call_with_a_loaded_checkpoint(tmp_path):
         assert not torch.equal(new["1", "running_mean"], torch.zeros(2))
     assert state is not None
     assert f.read_bytes() == before
+
+
+# ================================================================== a file is trusted for nothing
+# Each rule below is one the ``safetensors`` reference reader applies (see
+# tests/test_safetensors_fuzz.py for the differential fuzzer against it).
+def write_bytes(f, header: bytes | str, data: bytes = b"", pad: bool = True) -> None:
+    h = header.encode() if isinstance(header, str) else header
+    if pad:
+        h += b" " * (-len(h) % 8)
+    f.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+
+def refused(f, *details: str) -> str:
+    """Loading ``f`` raises SafetensorsFormatError naming the file and each detail."""
+    with pytest.raises(SafetensorsFormatError) as ei:
+        load_safetensors(f)
+    msg = str(ei.value)
+    assert repr(str(f)) in msg
+    for d in details:
+        assert d in msg, (d, msg)
+    return msg
+
+
+def u8(n: int, begin: int, end: int) -> dict:
+    return {"dtype": "U8", "shape": [n], "data_offsets": [begin, end]}
+
+
+def test_header_length_one_byte_short_is_refused(tmp_path):
+    f = tmp_path / "x.safetensors"
+    save_safetensors(TensorDict(a=torch.arange(8, dtype=torch.uint8)), f)
+    raw = bytearray(f.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert raw[8 + n - 1 : 8 + n] == b" "  # a padding space: the JSON still parses
+    raw[:8] = struct.pack("<Q", n - 1)
+    f.write_bytes(bytes(raw))
+    refused(f, E.DATA_TRAILING.format(covered=8, size=9))
+
+
+def test_data_must_be_covered_without_holes_overlaps_or_trailing_bytes(tmp_path):
+    f = tmp_path / "x.safetensors"
+    write_raw(f, {"a": u8(4, 0, 4), "b": u8(2, 6, 8)}, bytes(8))  # a hole
+    refused(f, E.ENTRY_NOT_CONTIGUOUS.format(name="b", offsets=[6, 8], start=4))
+    write_raw(f, {"a": u8(4, 4, 8)}, bytes(8))  # a hole at the start
+    refused(f, E.ENTRY_NOT_CONTIGUOUS.format(name="a", offsets=[4, 8], start=0))
+    write_raw(f, {"a": u8(8, 0, 8), "z": u8(0, 3, 3)}, bytes(8))  # empty, inside 'a'
+    refused(f, E.ENTRY_NOT_CONTIGUOUS.format(name="z", offsets=[3, 3], start=8))
+    write_raw(f, {"a": u8(8, 0, 8)}, bytes(9))  # a trailing byte
+    refused(f, E.DATA_TRAILING.format(covered=8, size=9))
+    write_raw(f, {"a": u8(8, 0, 8), "b": u8(2, 6, 8)}, bytes(8))  # an overlap
+    refused(f, "must begin at byte 8")
+    # empty tensors at a boundary are fine, in any order of the header
+    write_raw(f, {"z": u8(0, 8, 8), "b": u8(4, 4, 8), "y": u8(0, 4, 4), "a": u8(4, 0, 4)}, bytes(8))
+    back = load_safetensors(f)
+    assert back.keys() == ["z", "b", "y", "a"]
+    assert back["y"].shape == (0,)
+    assert back["b"].shape == (4,)
+
+
+def test_repeated_names_are_refused(tmp_path):
+    f = tmp_path / "x.safetensors"
+    one = '{"dtype":"U8","shape":[4],"data_offsets":[0,4]}'
+    two = '{"dtype":"U8","shape":[8],"data_offsets":[0,8]}'
+    write_bytes(f, '{"a":' + one + ',"a":' + two + "}", bytes(range(8)))
+    refused(f, E.HEADER_DUPLICATE.format(name="a", what="the header"))
+    write_bytes(f, '{"a":{"dtype":"U8","dtype":"U8","shape":[8],"data_offsets":[0,8]}}', bytes(8))
+    refused(f, E.HEADER_DUPLICATE.format(name="dtype", what="the header"))
+
+
+@pytest.mark.parametrize("encoding", ["bom", "utf-16", "utf-8-surrogate", "escaped-surrogate"])
+def test_header_must_be_utf8_json_without_bom_or_unpaired_surrogates(tmp_path, encoding):
+    f = tmp_path / "x.safetensors"
+    text = json.dumps({"a": u8(8, 0, 8)})
+    detail = {
+        "bom": E.HEADER_BOM,
+        "utf-16": "the header is not UTF-8 text",
+        "utf-8-surrogate": "the header is not UTF-8 text",
+        "escaped-surrogate": E.HEADER_SURROGATE.format(text="a\ud800", what="the header"),
+    }[encoding]
+    if encoding == "bom":
+        h = b"\xef\xbb\xbf" + text.encode()
+    elif encoding == "utf-16":
+        h = text.encode("utf-16")
+    elif encoding == "utf-8-surrogate":
+        h = text.replace('"a"', '"a\ud800"').encode("utf-8", "surrogatepass")
+    else:
+        h = text.replace('"a"', '"a\\ud800"').encode()
+    write_bytes(f, h, bytes(8))
+    refused(f, detail)
+    write_bytes(f, text.replace('"a"', '"\\ud83d\\ude00"'), bytes(8))  # a paired escape
+    assert load_safetensors(f, structure="flat").keys() == ["\U0001f600"]
+
+
+@pytest.mark.parametrize("depth", [128, 10_000])
+def test_deep_nesting_is_a_format_error(tmp_path, depth):
+    from tdfunc.interop._safetensors import MAX_DEPTH
+
+    f = tmp_path / "x.safetensors"
+    extra = "[" * (depth - 2) + "]" * (depth - 2)
+    write_bytes(f, '{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8],"x":' + extra + "}}")
+    refused(f, E.HEADER_TOO_DEEP.format(limit=MAX_DEPTH, what="the header"))
+    extra = "[" * (MAX_DEPTH - 2) + "]" * (MAX_DEPTH - 2)  # the deepest header accepted
+    write_bytes(
+        f, '{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8],"x":' + extra + "}}", b"x" * 8
+    )
+    assert load_safetensors(f)["a"].tolist() == [120] * 8
+
+
+@pytest.mark.parametrize("value", ["NaN", "-Infinity", "1e400", "1" * 400])
+def test_numbers_out_of_range_are_refused(tmp_path, value):
+    f = tmp_path / "x.safetensors"
+    write_bytes(f, '{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8],"x":' + value + "}}")
+    refused(f, E.HEADER_NUMBER.format(text=value[:40], what="the header"))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("shape", [8.0]), ("shape", [True]), ("shape", [2**64]), ("data_offsets", [0, 8, 8])],
+)
+def test_sizes_must_be_unsigned_64_bit_integers(tmp_path, field, value):
+    f = tmp_path / "x.safetensors"
+    entry = u8(8, 0, 8)
+    entry[field] = value
+    write_raw(f, {"a": entry}, bytes(8))
+    what = E.ENTRY_BAD_SHAPE if field == "shape" else E.ENTRY_BAD_OFFSETS
+    refused(f, what.split("{")[0].format() + "'a'")
+
+
+def test_zero_element_tensors_with_huge_dims(tmp_path):
+    f = tmp_path / "x.safetensors"
+    big = 2**62
+
+    def zero(shape):
+        write_raw(
+            f,
+            {"e": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}, "a": u8(8, 0, 8)},
+            bytes(8),
+        )
+
+    zero([0, big, big])  # the reference accepts it: so does tdfunc, without a stride overflow
+    back = load_safetensors(f)
+    assert back["e"].shape == (0, big, big)
+    assert back["e"].numel() == 0
+    assert back["e"].dtype == torch.float32
+    assert back["a"].tolist() == [0] * 8
+    zero([0, 2**70])
+    refused(f, E.ENTRY_BAD_SHAPE.format(name="e", shape=[0, float(2**70)]))  # as a JSON double
+    zero([0, 2**63])
+    refused(f, "tensor 'e': torch cannot hold shape")
+    zero([big, big, 0])  # the element count overflows 64 bits before the 0 (left to right)
+    refused(f, E.ENTRY_OVERFLOW.format(name="e", shape=[big, big, 0], dtype="F32"))
+    zero([2, 2**63 - 1, 0])  # the count fits 64 unsigned bits on the way: accepted
+    assert load_safetensors(f)["e"].shape == (2, 2**63 - 1, 0)
+    zero([0, 2**32, 2**31])  # torch's strides overflow: the reference refuses it too
+    refused(f, "tensor 'e': torch cannot hold shape [0, 4294967296, 2147483648]")
+
+
+def test_float8_e8m0_and_float4_files(tmp_path):
+    f = tmp_path / "x.safetensors"
+    write_raw(f, {"a": {"dtype": "F8_E8M0", "shape": [8], "data_offsets": [0, 8]}}, bytes(range(8)))
+    back = load_safetensors(f)
+    assert back["a"].dtype == torch.float8_e8m0fnu
+    assert back["a"].view(torch.uint8).tolist() == list(range(8))
+    # F4: two values a byte; the header counts values, torch.float4_e2m1fn_x2 pairs
+    write_raw(f, {"a": {"dtype": "F4", "shape": [2, 4], "data_offsets": [0, 4]}}, bytes(range(4)))
+    back = load_safetensors(f)
+    assert back["a"].dtype == torch.float4_e2m1fn_x2
+    assert back["a"].shape == (2, 2)
+    assert back["a"].view(torch.uint8).flatten().tolist() == [0, 1, 2, 3]
+    write_raw(f, {"a": {"dtype": "F4", "shape": [2, 3], "data_offsets": [0, 3]}}, bytes(3))
+    refused(f, E.ENTRY_F4_SHAPE.format(name="a", shape=[2, 3]))
+    write_raw(f, {"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 1]}}, bytes(1))
+    refused(f, E.ENTRY_PARTIAL_BYTE.format(name="a", shape=[3], dtype="F4"))
+    # written back: the reference reads the same values and shape
+    g = tmp_path / "y.safetensors"
+    save_safetensors(TensorDict(p=back_f4(), e=torch.ones(2).to(torch.float8_e8m0fnu)), g)
+    mine = load_safetensors(g)
+    assert mine["p"].shape == (2, 2)
+    assert mine["e"].dtype == torch.float8_e8m0fnu
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    theirs = safetensors_torch.load_file(str(g))
+    assert theirs["p"].dtype == torch.float4_e2m1fn_x2
+    assert theirs["p"].shape == (2, 2)
+    assert torch.equal(theirs["p"].view(torch.uint8), back_f4().view(torch.uint8))
+    with pytest.raises(
+        TypeError, match=re.escape(E.ZERO_DIM_F4.format(key="'p'", filename=str(g)))
+    ):
+        save_safetensors(TensorDict(p=back_f4()[0, 0]), g, overwrite=True)
+
+
+def back_f4() -> torch.Tensor:
+    return torch.arange(4, dtype=torch.uint8).view(torch.float4_e2m1fn_x2).reshape(2, 2)
+
+
+def test_metadata_must_map_strings_to_strings(tmp_path):
+    f = tmp_path / "x.safetensors"
+    for meta in ({"x": 1}, {"x": None}, [], "x"):
+        write_raw(f, {"__metadata__": meta, "a": u8(8, 0, 8)}, bytes(8))
+        refused(f, E.HEADER_METADATA)
+    write_raw(f, {"__metadata__": None, "a": u8(8, 0, 8)}, bytes(8))  # null: no metadata
+    assert load_safetensors(f)["a"].shape == (8,)
+
+
+def test_a_missing_field_or_an_entry_that_is_no_object(tmp_path):
+    f = tmp_path / "x.safetensors"
+    write_raw(f, {"a": {"dtype": "U8", "shape": [8]}}, bytes(8))
+    refused(f, E.ENTRY_MISSING.format(name="a", field="data_offsets"))
+    write_raw(f, {"a": [1]}, bytes(8))
+    refused(f, E.ENTRY_NOT_OBJECT.format(name="a"))
+    write_raw(f, [1], b"")
+    refused(f, E.HEADER_NOT_OBJECT)
+    # unknown fields are ignored (as by the reference); so is the other spelling of a dtype
+    write_raw(f, {"a": {**u8(8, 0, 8), "dtype": {"U8": None}, "note": [1, {"k": "v"}]}}, bytes(8))
+    assert load_safetensors(f)["a"].dtype == torch.uint8
+
+
+# ------------------------------------------------------------------ ties
+def tied_file(tmp_path):
+    w = torch.arange(6.0).reshape(3, 2)
+    f = tmp_path / "tied.safetensors"
+    save_safetensors(TensorDict(emb={"weight": w}, head={"weight": w}), f)
+    return f
+
+
+def test_a_tie_whose_second_copy_differs_is_refused(tmp_path):
+    f = tied_file(tmp_path)
+    raw = bytearray(f.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    begin = json.loads(raw[8 : 8 + n])["head.weight"]["data_offsets"][0]
+    raw[8 + n + begin : 8 + n + begin + 4] = struct.pack("<f", 100.0)  # another tool's edit
+    f.write_bytes(bytes(raw))
+    detail = E.STRUCT_TIE_DIFFERS.format(
+        a="('emb', 'weight')",
+        b="('head', 'weight')",
+        na="emb.weight",
+        nb="head.weight",
+        what="value",
+    )
+    refused(f, detail)
+    # each name's own copy stays readable
+    nested = load_safetensors(f, structure="nested")
+    assert nested["head", "weight"][0, 0].item() == 100.0
+    assert nested["emb", "weight"][0, 0].item() == 0.0
+
+
+def test_a_tied_container_refuses_mode_r_plus(tmp_path):
+    f = tied_file(tmp_path)
+    msg = E.TIED_WRITABLE.format(
+        filename=str(f),
+        a="('emb', 'weight')",
+        b="('head', 'weight')",
+        na="emb.weight",
+        nb="head.weight",
+    )
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        load_safetensors(f, mode="r+")
+    for structure in ("nested", "flat"):  # the tie is known from the structure all the same
+        with pytest.raises(ValueError, match="mode='r\\+'"):
+            load_safetensors(f, mode="r+", structure=structure)
+    before = f.read_bytes()
+    c = load_safetensors(f, mode="c")  # copy-on-write: one tensor under both keys
+    assert c["head", "weight"] is c["emb", "weight"]
+    c["emb", "weight"].add_(1)
+    assert c["head", "weight"][0, 0].item() == 1.0
+    assert f.read_bytes() == before
+
+
+def test_an_untied_container_keeps_mode_r_plus(tmp_path):
+    f = tmp_path / "x.safetensors"
+    w = torch.zeros(2)
+    save_safetensors(TensorDict(a=w, b=w.clone()), f)
+    back = load_safetensors(f, mode="r+")
+    back["b"].add_(1)
+    assert load_safetensors(f)["a"].tolist() == [0.0, 0.0]
+    assert load_safetensors(f)["b"].tolist() == [1.0, 1.0]
+
+
+# ------------------------------------------------------------------ structure vs tensor table
+def edit_structure(f, edit) -> None:
+    raw = f.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    desc = json.loads(header["__metadata__"][META_KEY])
+    edit(desc["root"])
+    header["__metadata__"][META_KEY] = json.dumps(desc)
+    write_raw(f, header, raw[8 + n :])
+
+
+def two_leaves(tmp_path):
+    f = tmp_path / "x.safetensors"
+    save_safetensors(TensorDict(a=torch.zeros(2), n={"b": torch.ones(2)}), f, overwrite=True)
+    return f
+
+
+def test_swapped_leaf_names_are_refused(tmp_path):
+    f = two_leaves(tmp_path)
+
+    def swap(root):
+        a, b = root["children"][0][1], root["children"][1][1]["children"][0][1]
+        a["leaf"], b["leaf"] = b["leaf"], a["leaf"]
+
+    edit_structure(f, swap)
+    refused(f, E.STRUCT_WRONG_NAME.format(key="'a'", name="n.b", expected="a"))
+
+
+def test_a_renamed_child_key_is_refused(tmp_path):
+    f = two_leaves(tmp_path)
+    edit_structure(f, lambda root: root["children"][1][1]["children"][0].__setitem__(0, "zz"))
+    refused(f, E.STRUCT_WRONG_NAME.format(key="('n', 'zz')", name="n.b", expected="n.zz"))
+
+
+def test_a_tensor_named_by_two_keys_is_refused(tmp_path):
+    f = two_leaves(tmp_path)
+    edit_structure(f, lambda root: root["children"].append(["a", {"leaf": "a"}]))
+    refused(f, E.STRUCT_NAMED_TWICE.format(name="a", key="'a'"))
+    f = two_leaves(tmp_path)
+    edit_structure(f, lambda root: root["children"].pop())
+    refused(f, E.STRUCT_UNUSED.format(names=["n.b"]))
+    f = two_leaves(tmp_path)
+    edit_structure(f, lambda root: root["children"][1][1]["children"][0][1].update(tie="zz"))
+    refused(f, E.STRUCT_BAD_TIE.format(key="('n', 'b')", tie="zz"))
+
+
+# ------------------------------------------------------------------ names that cannot load back
+def test_save_refuses_names_that_cannot_round_trip(tmp_path):
+    f = tmp_path / "x.safetensors"
+    msg = E.RESERVED_NAME.format(key="'__metadata__'", filename=str(f), name="__metadata__")
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        save_safetensors(TensorDict({"__metadata__": torch.zeros(1)}), f)
+    msg = E.INVALID_TEXT.format(what="key", text="a\ud800", filename=str(f))
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        save_safetensors(TensorDict(n={"a\ud800": torch.zeros(1)}), f)
+    msg = E.INVALID_TEXT.format(what="metadata key", text="k\udc00", filename=str(f))
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        save_safetensors(TensorDict(a=torch.zeros(1)), f, metadata={"k\udc00": "v"})
+    msg = E.INVALID_TEXT.format(what="metadata value", text="\udc00", filename=str(f))
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        save_safetensors(TensorDict(a=torch.zeros(1)), f, metadata={"k": "\udc00"})
+    with pytest.raises(TypeError, match="unpaired surrogate is not JSON data"):
+        save_safetensors(Obs(torch.zeros(2, 1), tags=("\ud800",), batch_size=[2]), f)
+    assert not f.exists()
+    # a nested "__metadata__" key and a paired surrogate are fine
+    save_safetensors(
+        TensorDict(n={"__metadata__": torch.zeros(1)}, e={"\U0001f600": torch.ones(1)}), f
+    )
+    back = load_safetensors(f)
+    assert back["n", "__metadata__"].tolist() == [0.0]
+    assert back["e", "\U0001f600"].tolist() == [1.0]
+
+
+def test_mode_r_plus_without_a_readable_structure_maps_each_name(tmp_path):
+    f = tied_file(tmp_path)
+    header = read_header(f)
+    data = f.read_bytes()[-48:]
+    header["__metadata__"][META_KEY] = "{{ not json"  # the escape hatch still opens it
+    write_raw(f, header, data)
+    back = load_safetensors(f, mode="r+", structure="nested")
+    back["head", "weight"].add_(1)
+    assert load_safetensors(f, structure="nested")["head", "weight"][0, 0].item() == 1.0
+    with pytest.raises(SafetensorsFormatError, match="the structure is not JSON"):
+        load_safetensors(f)
+    header["__metadata__"][META_KEY] = '{"version": 1, "version": 1}'  # checked as strictly
+    write_raw(f, header, data)
+    msg = E.HEADER_DUPLICATE.format(name="version", what="the structure")
+    with pytest.raises(SafetensorsFormatError, match=re.escape(msg)):
+        load_safetensors(f)
+
+
+def test_save_refuses_a_header_readers_would_refuse(tmp_path, monkeypatch):
+    from tdfunc.interop import _safetensors
+
+    monkeypatch.setattr(_safetensors, "MAX_HEADER", 64)
+    f = tmp_path / "x.safetensors"
+    with pytest.raises(
+        ValueError, match=re.escape(f"cannot save to {str(f)!r}: the header would take")
+    ):
+        save_safetensors(TensorDict(a=torch.zeros(1)), f)
+    assert not f.exists()

@@ -210,3 +210,107 @@ def test_tensorclass_missing_static_target_is_an_error():
         TypeError, match=re.escape(E.NON_TENSOR_VALUE.format(key="'label'", typ="str"))
     ):
         from_tensordict(src)
+
+
+# ------------------------------------------------------------------ what cannot convert
+def test_lazy_stack_with_different_keys_is_refused():
+    a = tensordict.TensorDict(x=torch.zeros(3), batch_size=[3])
+    b = tensordict.TensorDict(y=torch.ones(3), batch_size=[3])
+    lazy = tensordict.lazy_stack([a, b])
+    assert list(lazy.keys()) == []  # tensordict keeps only the keys every member has
+    msg = E.LAZY_STACK_KEYS.format(where="<root>", key="'x'", have=1, total=2)
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        from_tensordict(lazy)
+
+
+@pytest.mark.parametrize(
+    ("y", "what"),
+    [
+        (torch.ones(4), "tensors of different shapes (torch.Size([3]), torch.Size([4]))"),
+        (
+            torch.ones(3, dtype=torch.int64),
+            "tensors of different dtypes (torch.float32, torch.int64)",
+        ),
+    ],
+)
+def test_lazy_stack_with_different_shapes_or_dtypes_is_refused(y, what):
+    lazy = tensordict.lazy_stack(
+        [tensordict.TensorDict(x=torch.zeros(3)), tensordict.TensorDict(x=y)]
+    )
+    msg = E.LAZY_STACK_VALUES.format(where="<root>", what=what, key="'x'")
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        from_tensordict(lazy)
+
+
+def test_nested_lazy_stacks_are_checked_at_every_level():
+    a = tensordict.TensorDict(x=torch.zeros(3), n=tensordict.TensorDict(z=torch.zeros(3)))
+    b = tensordict.TensorDict(x=torch.ones(3), n=tensordict.TensorDict(w=torch.zeros(3)))
+    msg = E.LAZY_STACK_KEYS.format(where="'n'", key="('n', 'z')", have=1, total=2)
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        from_tensordict(tensordict.lazy_stack([a, b]))
+    inner = tensordict.lazy_stack(
+        [tensordict.TensorDict(x=torch.zeros(3)), tensordict.TensorDict(y=torch.zeros(3))]
+    )
+    outer = tensordict.TensorDict(s=inner, batch_size=[2])
+    msg = E.LAZY_STACK_KEYS.format(where="'s'", key="('s', 'x')", have=1, total=2)
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        from_tensordict(outer)
+    # a stack of stacks: the members' own members are checked too
+    deep = tensordict.lazy_stack([inner, inner.clone()])
+    with pytest.raises(ValueError, match="do not have the same keys"):
+        from_tensordict(deep)
+    mixed = tensordict.lazy_stack(
+        [tensordict.TensorDict(x=torch.zeros(3)), tensordict.TensorDict(x={"k": torch.zeros(3)})]
+    )
+    msg = E.LAZY_STACK_VALUES.format(
+        where="<root>", what="a tensor in some members and not in others", key="'x'"
+    )
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        from_tensordict(mixed)
+
+
+def test_lazy_stack_that_agrees_converts_with_every_key():
+    a = tensordict.TensorDict(x=torch.zeros(3), n=tensordict.TensorDict(z=torch.zeros(3, 2)))
+    b = tensordict.TensorDict(x=torch.ones(3), n=tensordict.TensorDict(z=torch.ones(3, 2)))
+    td = from_tensordict(tensordict.lazy_stack([a, b]))
+    assert td.keys(True, True) == ["x", ("n", "z")]
+    assert td.batch_size == torch.Size([2])
+    assert td["n", "z"].shape == (2, 3, 2)
+    assert td["n", "z"][1].tolist() == [[1.0, 1.0]] * 3
+
+
+def test_non_tensor_data_in_a_lazy_stack_is_refused():
+    a = tensordict.TensorDict(x=torch.zeros(3))
+    b = tensordict.TensorDict(x=torch.zeros(3))
+    a["label"] = "a"
+    b["label"] = "b"
+    with pytest.raises(TypeError, match=re.escape("key 'label' holds a non-tensor value")):
+        from_tensordict(tensordict.lazy_stack([a, b]))
+
+
+def test_tensordict_errors_do_not_escape(monkeypatch):
+    src = tensordict.TensorDict(x=torch.zeros(3), batch_size=[3])
+
+    def broken(self, key, *args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(type(src), "get", broken)
+    msg = E.CANNOT_READ.format(key="'x'", reason="boom")
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        from_tensordict(src)
+
+
+def test_lazy_stack_of_tensorclasses_is_checked():
+    members = [TDInner(v=torch.zeros(3)), TDInner(v=torch.zeros(4))]
+    lazy = tensordict.lazy_stack(members)
+    msg = E.LAZY_STACK_VALUES.format(
+        where="<root>",
+        what="tensors of different shapes (torch.Size([3]), torch.Size([4]))",
+        key="'v'",
+    )
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        from_tensordict(lazy, Inner)
+    ok = tensordict.lazy_stack([TDInner(v=torch.zeros(3)), TDInner(v=torch.ones(3))])
+    back = from_tensordict(ok, Inner)
+    assert type(back) is Inner
+    assert back.v.tolist() == [[0.0] * 3, [1.0] * 3]

@@ -18,14 +18,26 @@ How tdfunc uses it
       dtype's size once the header is padded to 8 bytes (as ``safetensors`` itself does).
     * The writer needs no third-party package; the reader maps the file once
       (``mmap``, through :mod:`tdfunc.memmap`) and returns
-      :class:`~tdfunc.MemoryMappedTensor` leaves: loading reads only the header, and a
-      ``mode="r"`` leaf refuses writes with ``PermissionError`` like a store's leaves.
+      :class:`~tdfunc.MemoryMappedTensor` leaves: loading reads only the header (and the
+      copies of tied leaves, to compare them), and a ``mode="r"`` leaf refuses writes with
+      ``PermissionError`` like a store's leaves.
+    * A file is trusted for nothing. The header is checked with the rules of the
+      ``safetensors`` reference reader (see :class:`_Reader`), so tdfunc accepts the files it
+      accepts, with the same values; tdfunc's structure entry is checked against the tensor
+      table before it is believed (each leaf names the tensor of its ``"."``-joined key path,
+      each tensor is named once).
+    * Ties: a tensor under two keys is written under both names (two copies: other tools need
+      every name). ``"r"`` and ``"c"`` give one tensor under both keys once the copies are
+      found bit-identical; ``"r+"`` refuses a tied container (a write through one name would
+      not reach the other copy).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import stat
 import struct
 from collections.abc import Mapping
@@ -46,6 +58,7 @@ from ..memmap._tensor import (
     map_fd,
     nbytes_of,
     open_fd,
+    protect,
     write_all,
     write_tensor,
 )
@@ -82,10 +95,20 @@ for _st, _torch in (
     ("F8_E5M2", "float8_e5m2"),
     ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
     ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
+    ("F8_E8M0", "float8_e8m0fnu"),
+    ("F4", "float4_e2m1fn_x2"),  # two values a byte: the torch shape's last dim is halved
 ):
     if hasattr(torch, _torch):
         ST_DTYPES[_st] = getattr(torch, _torch)
 ST_NAMES: dict[torch.dtype, str] = {d: n for n, d in ST_DTYPES.items()}
+#: every dtype name of the format, with its size in bits (F6_* have no torch dtype)
+ST_BITS: dict[str, int] = {
+    **{n: 8 * d.itemsize for n, d in ST_DTYPES.items()},
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "F8_E8M0": 8,
+}
 
 
 # --------------------------------------------------------------------------------------
@@ -93,11 +116,19 @@ ST_NAMES: dict[torch.dtype, str] = {d: n for n, d in ST_DTYPES.items()}
 # --------------------------------------------------------------------------------------
 def _static_json(value: Any) -> Any:
     """A static field value as JSON (tuples as ``{"tuple": [...]}``), or raise ``TypeError``."""
+    if isinstance(value, str) and _SURROGATE.search(value):
+        raise TypeError("str with an unpaired surrogate")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, tuple):
         return {"tuple": [_static_json(v) for v in value]}
     raise TypeError(type(value).__name__)
+
+
+def _check_text(text: str, what: str, filename: str) -> None:
+    """Refuse a name the header cannot hold: readers refuse unpaired surrogates."""
+    if _SURROGATE.search(text):
+        raise ValueError(E.INVALID_TEXT.format(what=what, text=text, filename=filename))
 
 
 def _type_name(node: Node) -> str:
@@ -129,6 +160,10 @@ class _Plan:
                 )
             )
         name = ".".join(path)
+        if name == "__metadata__":
+            raise ValueError(E.RESERVED_NAME.format(key=key, filename=self.filename, name=name))
+        if t.dtype == getattr(torch, "float4_e2m1fn_x2", None) and t.ndim == 0:
+            raise TypeError(E.ZERO_DIM_F4.format(key=key, filename=self.filename))
         if name in self.origin:
             raise ValueError(
                 E.KEY_COLLISION.format(
@@ -157,6 +192,7 @@ class _Plan:
         children: list[list[Any]] = []
         for k, v in zip(node._tdf_keys(), node._tdf_children()):
             path = (*prefix, k)
+            _check_text(k, "key", self.filename)
             if v is None:
                 children.append([k, {"none": True}])
             elif isinstance(v, Tensor):
@@ -171,6 +207,7 @@ class _Plan:
                 )
         static = []
         for name, value in node._tdf_static():
+            _check_text(name, "static field", self.filename)
             try:
                 static.append([name, _static_json(value)])
             except TypeError as err:
@@ -202,6 +239,8 @@ def _header(plan: _Plan, structure: dict[str, Any], metadata: Mapping[str, str] 
             )
         if k == META_KEY:
             raise ValueError(E.RESERVED_METADATA.format(key=k))
+        _check_text(k, "metadata key", plan.filename)
+        _check_text(v, "metadata value", plan.filename)
         meta[k] = v
     meta[META_KEY] = json.dumps(
         {"version": FORMAT_VERSION, "root": structure}, separators=(",", ":")
@@ -217,13 +256,20 @@ def _header(plan: _Plan, structure: dict[str, Any], metadata: Mapping[str, str] 
         pos += n
     header: dict[str, Any] = {"__metadata__": meta}
     for name, t in plan.leaves:
+        shape = list(t.shape)
+        if ST_NAMES[t.dtype] == "F4":  # the format counts single values, torch pairs
+            shape[-1] *= 2
         header[name] = {
             "dtype": ST_NAMES[t.dtype],
-            "shape": list(t.shape),
+            "shape": shape,
             "data_offsets": list(offsets[name]),
         }
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(len(raw) + 8) % 8)  # the data starts 8-byte aligned
+    if len(raw) > MAX_HEADER:
+        raise ValueError(
+            E.HEADER_TOO_LARGE.format(filename=plan.filename, size=len(raw), limit=MAX_HEADER)
+        )
     plan.leaves = [plan.leaves[i] for i in order]
     return struct.pack("<Q", len(raw)) + raw
 
@@ -243,7 +289,7 @@ def save_safetensors(
     types and static fields, ``None`` fields, key order, tied leaves) is JSON in the
     metadata entry ``"tdfunc"``. ``metadata`` adds entries of your own (``"format": "pt"`` is
     set unless given, as ``transformers`` expects). Tied leaves (one tensor under two keys)
-    are written under both names.
+    are written under both names; they load as one tensor (see :func:`load_safetensors`).
 
     The file is written aside and renamed into place: a reader sees the old file or the whole
     new one, never a partial file. An existing file is replaced only with ``overwrite=True``.
@@ -255,7 +301,9 @@ def save_safetensors(
         overwrite: replace ``path`` if it exists (``FileExistsError`` otherwise).
 
     Raises:
-        ValueError: two key paths give the same name (``"a.b"`` next to ``("a", "b")``).
+        ValueError: two key paths give the same name (``"a.b"`` next to ``("a", "b")``); a
+            name no reader could load back: a top-level key ``"__metadata__"``, a key or
+            metadata with an unpaired surrogate; a header above 100 MB.
         TypeError: a dtype safetensors cannot store (e.g. ``complex128``), a static field that
             is not JSON data, metadata that is not ``str -> str``.
         FileExistsError: ``path`` exists and ``overwrite`` is false.
@@ -315,11 +363,25 @@ def _commit(tmp: str, filename: str, overwrite: bool) -> None:
 # loading
 # --------------------------------------------------------------------------------------
 class _Reader:
-    """Checks the header of one file and builds leaves over one mapping of it."""
+    """Checks one file against the format, as the ``safetensors`` reference reader does, and
+    builds leaves over one mapping of it.
+
+    The rules (each refused file raises :class:`SafetensorsFormatError` naming the file, and
+    the tensor when one is at fault): the 8-byte length is at most :data:`MAX_HEADER` and the
+    header fits in the file; the header is UTF-8 (no byte order mark) JSON text, one object,
+    nested at most :data:`MAX_DEPTH` deep, without unpaired surrogate escapes, ``NaN`` or
+    numbers out of the double range; ``"__metadata__"`` is ``null`` or maps strings to strings;
+    every other entry has a known ``dtype``, a ``shape`` and two ``data_offsets`` of integers
+    in ``[0, 2**64)``; sorted by offsets, each tensor begins where the previous one ends, its
+    byte count (checked for 64-bit overflow, left to right) matches its offsets, and the last
+    one ends where the file ends. One rule is stricter than the reference: a name given twice
+    in one object is refused (the reference keeps the last one, other JSON readers the first).
+    """
 
     def __init__(self, filename: str, mode: str) -> None:
         self.filename = filename
         self.mode = mode
+        self.data_start = 0
 
     def corrupt(self, detail: str) -> SafetensorsFormatError:
         return SafetensorsFormatError(
@@ -343,71 +405,96 @@ class _Reader:
             if not chunk:
                 raise self.truncated(f"the header needs {8 + n} bytes")
             raw += chunk
-        try:
-            header = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise self.corrupt(f"the header is not JSON ({e})") from None
-        if not isinstance(header, dict):
-            raise self.corrupt("the header is not a JSON object")
         self.data_start = 8 + n
-        return header
+        return parse_header(raw, self.corrupt)
 
     def entries(self, header: dict[str, Any], size: int) -> dict[str, tuple[torch.dtype, Any, int]]:
-        """name -> (dtype, shape, absolute offset), every entry checked against the file size."""
-        out: dict[str, tuple[torch.dtype, Any, int]] = {}
-        spans: list[tuple[int, int, str]] = []
+        """name -> (torch dtype, torch shape, absolute offset), in the header's order."""
+        infos: list[tuple[int, int, str, str, list[int]]] = []
         for name, e in header.items():
-            if name == "__metadata__":
-                continue
-            if not isinstance(e, dict):
-                raise self.corrupt(f"entry {name!r} is not an object")
-            dname = e.get("dtype")
-            shape = e.get("shape")
-            offs = e.get("data_offsets")
-            dtype = ST_DTYPES.get(dname) if isinstance(dname, str) else None
-            if dtype is None:
-                if isinstance(dname, str):
-                    raise TypeError(
-                        E.UNKNOWN_DTYPE.format(
-                            key=name,
-                            filename=self.filename,
-                            dtype=dname,
-                            supported=sorted(ST_DTYPES),
-                        )
-                    )
-                raise self.corrupt(f"entry {name!r} has no dtype")
-            if not (
-                isinstance(shape, list)
-                and len(shape) <= 64
-                and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
-            ):
-                raise self.corrupt(f"entry {name!r} has a bad shape {shape!r}")
-            if not (
-                isinstance(offs, list)
-                and len(offs) == 2
-                and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)
-            ):
-                raise self.corrupt(f"entry {name!r} has bad data_offsets {offs!r}")
-            begin, end = offs
-            n = nbytes_of(shape, dtype)
-            if end - begin != n:
+            if name != "__metadata__":
+                infos.append(self.entry(name, e))
+        # sorted by offsets, every tensor begins where the previous one ends
+        start = 0
+        for begin, end, name, dname, shape in sorted(infos, key=lambda i: (i[0], i[1])):
+            if begin != start or end < begin:
                 raise self.corrupt(
-                    f"entry {name!r}: data_offsets {offs} hold {end - begin} bytes, but shape "
-                    f"{shape} of {dname} needs {n}"
+                    E.ENTRY_NOT_CONTIGUOUS.format(name=name, offsets=[begin, end], start=start)
                 )
-            if self.data_start + end > size:
-                raise self.truncated(
-                    f"tensor {name!r} ends at byte {self.data_start + end}, the file has {size}"
+            start = end
+            need = _nbytes(name, dname, shape, self.corrupt)
+            if end - begin != need:
+                raise self.corrupt(
+                    E.ENTRY_SIZE.format(
+                        name=name,
+                        offsets=[begin, end],
+                        have=end - begin,
+                        shape=shape,
+                        dtype=dname,
+                        need=need,
+                    )
                 )
-            if n:
-                spans.append((begin, end, name))
-            out[name] = (dtype, shape, self.data_start + begin)
-        last_end, last = 0, ""
-        for begin, end, name in sorted(spans):
-            if begin < last_end:
-                raise self.corrupt(f"tensors {last!r} and {name!r} overlap")
-            last_end, last = end, name
+        have = size - self.data_start
+        if start > have:
+            raise self.truncated(
+                f"its tensors need {start} bytes of data, {have} follow the header"
+            )
+        if start < have:
+            raise self.corrupt(E.DATA_TRAILING.format(covered=start, size=have))
+        out: dict[str, tuple[torch.dtype, Any, int]] = {}
+        for begin, _end, name, dname, shape in infos:
+            dtype = ST_DTYPES.get(dname)
+            if dtype is None:
+                raise SafetensorsFormatError(
+                    E.UNKNOWN_DTYPE.format(
+                        key=name, filename=self.filename, dtype=dname, supported=sorted(ST_DTYPES)
+                    )
+                )
+            out[name] = (dtype, self.torch_shape(name, dname, shape), self.data_start + begin)
         return out
+
+    def entry(self, name: str, e: Any) -> tuple[int, int, str, str, list[int]]:
+        """``(begin, end, name, dtype name, shape)`` of one well-formed entry."""
+        if not isinstance(e, dict):
+            raise self.corrupt(E.ENTRY_NOT_OBJECT.format(name=name))
+        for field in ("dtype", "shape", "data_offsets"):
+            if field not in e:
+                raise self.corrupt(E.ENTRY_MISSING.format(name=name, field=field))
+        dname = e["dtype"]
+        if isinstance(dname, dict) and len(dname) == 1 and None in dname.values():
+            (dname,) = dname  # the other spelling of a JSON enum: {"F32": null}
+        if not (isinstance(dname, str) and dname in ST_BITS):
+            raise self.corrupt(E.ENTRY_BAD_DTYPE.format(name=name, dtype=dname))
+        shape, offs = e["shape"], e["data_offsets"]
+        if not (isinstance(shape, list) and all(_is_u64(s) for s in shape)):
+            raise self.corrupt(E.ENTRY_BAD_SHAPE.format(name=name, shape=shape))
+        if not (isinstance(offs, list) and len(offs) == 2 and all(_is_u64(o) for o in offs)):
+            raise self.corrupt(E.ENTRY_BAD_OFFSETS.format(name=name, offsets=offs))
+        return offs[0], offs[1], name, dname, shape
+
+    def torch_shape(self, name: str, dname: str, shape: list[int]) -> list[int]:
+        """The shape of the torch tensor (F4 packs two values a byte)."""
+        if dname == "F4":
+            if not shape or shape[-1] % 2:
+                raise self.corrupt(E.ENTRY_F4_SHAPE.format(name=name, shape=shape))
+            shape = [*shape[:-1], shape[-1] // 2]
+        if any(s > _I64 for s in shape):
+            raise self.corrupt(
+                E.ENTRY_TORCH_SHAPE.format(name=name, shape=shape, reason="a dim above 2**63-1")
+            )
+        return shape
+
+    def empty(self, name: str, dtype: torch.dtype, shape: list[int]) -> Tensor:
+        """A tensor without elements, with the strides torch's ``reshape`` gives it, as the
+        reference builds it: a dim may be huge (``[0, 2**62, 2**62]``), and where torch's
+        stride computation overflows (``[0, 2**32, 2**31]``) both refuse the file."""
+        try:
+            strides = torch.empty(0, dtype=dtype).reshape(shape).stride()
+        except RuntimeError as e:  # "Stride calculation overflowed"
+            raise self.corrupt(
+                E.ENTRY_TORCH_SHAPE.format(name=name, shape=shape, reason=e)
+            ) from None
+        return protect(torch.empty_strided(shape, strides, dtype=dtype), self.mode, self.filename)
 
     def leaves(
         self, fd: int, size: int, entries: dict[str, tuple[torch.dtype, Any, int]]
@@ -417,27 +504,128 @@ class _Reader:
         ident = (st.st_dev, st.st_ino)
         out: dict[str, Tensor] = {}
         for name, (dtype, shape, off) in entries.items():
-            inner = leaf_tensor(base, off, dtype, torch.Size(shape), self.mode, self.filename)
+            if 0 in shape:
+                inner = self.empty(name, dtype, shape)
+            else:
+                inner = leaf_tensor(base, off, dtype, torch.Size(shape), self.mode, self.filename)
             out[name] = MemoryMappedTensor._wrap(inner, self.filename, self.mode, off, ident)
         return out
 
 
-def _read_metadata(header: dict[str, Any], reader: _Reader) -> dict[str, str]:
-    meta = header.get("__metadata__", {})
-    if meta is None:
-        return {}
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise reader.corrupt("__metadata__ is not a mapping of strings to strings")
-    return meta
+#: the deepest nesting of objects and arrays a header may have (the reference's JSON parser)
+MAX_DEPTH = 127
+_U64 = 2**64 - 1
+_I64 = 2**63 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _is_u64(v: Any) -> bool:
+    return type(v) is int and 0 <= v <= _U64
+
+
+def _nbytes(name: str, dname: str, shape: list[int], corrupt: Any) -> int:
+    """Bytes of ``shape`` elements of ``dname``: the element count multiplied left to right,
+    each step checked against 64 bits, as the reference does."""
+    n = 1
+    for s in shape:
+        n *= s
+        if n > _U64:
+            raise corrupt(E.ENTRY_OVERFLOW.format(name=name, shape=shape, dtype=dname))
+    bits = n * ST_BITS[dname]
+    if bits > _U64:
+        raise corrupt(E.ENTRY_OVERFLOW.format(name=name, shape=shape, dtype=dname))
+    if bits % 8:
+        raise corrupt(E.ENTRY_PARTIAL_BYTE.format(name=name, shape=shape, dtype=dname))
+    return bits // 8
+
+
+def parse_header(raw: bytes, corrupt: Any) -> dict[str, Any]:
+    """The header bytes as a JSON object, with the reference's rules (see :class:`_Reader`);
+    ``corrupt(detail)`` makes the error to raise."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise corrupt(E.HEADER_NOT_UTF8.format(reason=e)) from None
+    if text.startswith("\ufeff"):
+        raise corrupt(E.HEADER_BOM)
+    header = load_json(text, corrupt, "the header")
+    if not isinstance(header, dict):
+        raise corrupt(E.HEADER_NOT_OBJECT)
+    meta = header.get("__metadata__")
+    if meta is not None and not (
+        isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())
+    ):
+        raise corrupt(E.HEADER_METADATA)
+    return header
+
+
+def load_json(text: str, corrupt: Any, what: str) -> Any:
+    """Strict JSON: no repeated names in an object, no ``NaN``/``Infinity``, no number out of
+    the double range, no unpaired surrogate, at most :data:`MAX_DEPTH` levels. Integers in
+    ``[0, 2**64)`` come back as ``int``, other numbers as ``float``."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for k, v in items:
+            if k in d:
+                raise corrupt(E.HEADER_DUPLICATE.format(name=k, what=what))
+            d[k] = v
+        return d
+
+    def number(s: str) -> float:
+        f = float(s)
+        if math.isinf(f):
+            raise corrupt(E.HEADER_NUMBER.format(text=s[:40], what=what))
+        return f
+
+    def integer(s: str) -> int | float:
+        if s[0] == "-" or len(s) > 20:  # never a size: kept as the double it would be
+            return number(s)
+        v = int(s)
+        return v if v <= _U64 else number(s)
+
+    def constant(s: str) -> Any:
+        raise corrupt(E.HEADER_NUMBER.format(text=s, what=what))
+
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=pairs,
+            parse_float=number,
+            parse_int=integer,
+            parse_constant=constant,
+        )
+    except json.JSONDecodeError as e:
+        raise corrupt(E.HEADER_NOT_JSON.format(reason=e, what=what)) from None
+    except RecursionError:
+        raise corrupt(E.HEADER_TOO_DEEP.format(limit=MAX_DEPTH, what=what)) from None
+    # depth and unpaired surrogates, without recursion
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                raise corrupt(E.HEADER_SURROGATE.format(text=v[:80], what=what))
+        elif isinstance(v, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise corrupt(E.HEADER_TOO_DEEP.format(limit=MAX_DEPTH, what=what))
+            if isinstance(v, dict):
+                stack.extend((k, depth) for k in v)
+                stack.extend((x, depth + 1) for x in v.values())
+            else:
+                stack.extend((x, depth + 1) for x in v)
+    return value
 
 
 class _Builder:
     """Rebuilds the container described by tdfunc's structure entry."""
 
-    def __init__(self, filename: str, leaves: dict[str, Tensor]) -> None:
+    def __init__(self, filename: str, leaves: dict[str, Tensor], mode: str) -> None:
         self.filename = filename
         self.leaves = leaves
-        self.used: set[str] = set()
+        self.mode = mode
+        #: tensor name -> the key that named it and the leaf given for it
+        self.used: dict[str, tuple[KeyPath, Tensor]] = {}
 
     def bad(self, detail: str) -> SafetensorsFormatError:
         return SafetensorsFormatError(
@@ -461,7 +649,9 @@ class _Builder:
         if len(path) > 256 or not isinstance(d, dict):
             raise self.bad(f"node {where} is not an object")
         name = d.get("type")
-        cls = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name) if isinstance(name, str) else None
+        if not isinstance(name, str):
+            raise self.bad(E.STRUCT_BAD_TYPE.format(where=where, name=name))
+        cls = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name)
         if not (isinstance(cls, type) and issubclass(cls, Node)):
             raise TypeError(E.UNKNOWN_TYPE.format(filename=self.filename, where=where, name=name))
         bs = d.get("batch_size")
@@ -495,20 +685,76 @@ class _Builder:
 
     def child(self, c: Any, path: KeyPath) -> Any:
         if isinstance(c, dict) and "leaf" in c:
-            name = c["leaf"]
-            if not isinstance(name, str) or name not in self.leaves:
-                raise self.bad(f"key {fmt_key(path)} names no tensor of the file ({name!r})")
-            self.used.add(name)
-            tie = c.get("tie")
-            if isinstance(tie, str) and tie in self.leaves:
-                same = self.leaves[tie]
-                t = self.leaves[name]
-                if same.shape == t.shape and same.dtype == t.dtype:
-                    return same  # one tensor under both keys, as when saved
-            return self.leaves[name]
+            return self.leaf(c, path)
         if isinstance(c, dict) and c.get("none") is True:
             return None
         return self.node(c, path)
+
+    def leaf(self, c: dict[str, Any], path: KeyPath) -> Tensor:
+        """The tensor of one leaf entry, checked against the tensor table: its name is the key
+        path joined by ``"."`` (as written), names a tensor of the file, and no other key's; a
+        tie gives the earlier key's tensor once the two copies are found bit-identical."""
+        key, name = fmt_key(path), c["leaf"]
+        if not isinstance(name, str) or name not in self.leaves:
+            raise self.bad(E.STRUCT_NO_TENSOR.format(key=key, name=name))
+        if name in self.used:
+            raise self.bad(E.STRUCT_NAMED_TWICE.format(name=name, key=key))
+        expected = ".".join(path)
+        if name != expected:
+            raise self.bad(E.STRUCT_WRONG_NAME.format(key=key, name=name, expected=expected))
+        t = self.leaves[name]
+        tie = c.get("tie")
+        if tie is not None:
+            if not (isinstance(tie, str) and tie in self.used):
+                raise self.bad(E.STRUCT_BAD_TIE.format(key=key, tie=tie))
+            first_path, first = self.used[tie]
+            if self.mode == "r+":
+                raise ValueError(
+                    E.TIED_WRITABLE.format(
+                        filename=self.filename, a=fmt_key(first_path), b=key, na=tie, nb=name
+                    )
+                )
+            what = _differs(self.leaves[tie], t)
+            if what:
+                raise self.bad(
+                    E.STRUCT_TIE_DIFFERS.format(
+                        a=fmt_key(first_path), b=key, na=tie, nb=name, what=what
+                    )
+                )
+            t = first
+        self.used[name] = (path, t)
+        return t
+
+
+def _differs(a: Tensor, b: Tensor) -> str:
+    """How two copies of a tied tensor differ ("" if they are bit-identical)."""
+    if a.dtype != b.dtype:
+        return "dtype"
+    if a.shape != b.shape:
+        return "shape"
+    x = a._inner if isinstance(a, MemoryMappedTensor) else a
+    y = b._inner if isinstance(b, MemoryMappedTensor) else b
+    if not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
+        return "value"
+    return ""
+
+
+def _recorded_tie(raw: str) -> tuple[str, str] | None:
+    """The first tie (tensor names) that tdfunc's structure entry records, if it parses."""
+    try:
+        desc = load_json(raw, SafetensorsFormatError, "the structure")
+    except SafetensorsFormatError:
+        return None  # ignored by structure='nested'/'flat': nothing to protect
+    stack = [desc]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if isinstance(v.get("leaf"), str) and isinstance(v.get("tie"), str):
+                return v["tie"], v["leaf"]
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return None
 
 
 def _nested(filename: str, leaves: dict[str, Tensor], flat: bool) -> TensorDict:
@@ -547,13 +793,15 @@ def load_safetensors(
 ) -> Any:
     """Load a safetensors file as a TensorDict (or the tensorclass it was saved from).
 
-    The file is mapped, not read: loading reads the header only, and each leaf is a
-    :class:`~tdfunc.MemoryMappedTensor` over its bytes, read when used. ``mode="r"`` leaves
-    refuse writes with ``PermissionError`` (eagerly and under ``torch.compile``); ``"r+"``
-    writes go to the file; ``"c"`` writes stay in memory.
+    The file is mapped, not read: loading reads the header only (and both copies of a tied
+    leaf, to compare them), and each leaf is a :class:`~tdfunc.MemoryMappedTensor` over its
+    bytes, read when used. ``mode="r"`` leaves refuse writes with ``PermissionError`` (eagerly
+    and under ``torch.compile``); ``"r+"`` writes go to the file; ``"c"`` writes stay in
+    memory.
 
     A file tdfunc wrote comes back with its structure (batch sizes, tensorclass types, static
-    and ``None`` fields, key order, tied leaves). A file any other tool wrote (or
+    and ``None`` fields, key order, tied leaves: one tensor under both keys, once its two
+    copies in the file are found bit-identical). A file any other tool wrote (or
     ``structure="nested"``) gives nested TensorDicts with ``batch_size=()``, its names split
     at ``"."``; ``structure="flat"`` keeps the names as they are, one level deep.
 
@@ -563,11 +811,17 @@ def load_safetensors(
         device: if given, the leaves are copied to it (no longer mapped unless ``"cpu"``).
         structure: ``"auto"``, ``"nested"`` or ``"flat"`` (see above).
 
+    The file is checked as the ``safetensors`` reference reader checks it (tdfunc accepts
+    exactly the files it accepts, except that a name repeated in one JSON object is refused).
+
     Raises:
-        SafetensorsFormatError: (a ``ValueError``) the file is truncated or corrupt, or its tdfunc
-            structure is from a newer version or does not fit its tensors.
-        TypeError: a dtype tdfunc cannot map, or a tensorclass type not defined in this process.
-        ValueError: with ``structure="nested"``, a name is both a tensor and a nested level.
+        SafetensorsFormatError: (a ``ValueError``) the file is truncated or not valid (the
+            message names the file, and the tensor at fault), has a dtype torch has no type
+            for, or its tdfunc structure is from a newer version or does not fit its tensors
+            (tied copies that differ included).
+        TypeError: a tensorclass type not defined in this process.
+        ValueError: with ``structure="nested"``, a name is both a tensor and a nested level;
+            ``mode="r+"`` on a file whose structure records tied leaves.
         PermissionError: ``mode="r+"`` on a file this process cannot write.
 
     Example:
@@ -594,27 +848,31 @@ def load_safetensors(
         if not stat.S_ISREG(st.st_mode):
             raise reader.corrupt("not a regular file")
         header = reader.read_header(fd, st.st_size)
-        meta = _read_metadata(header, reader)
+        meta = header.get("__metadata__") or {}
         entries = reader.entries(header, st.st_size)
         leaves = reader.leaves(fd, st.st_size, entries)
     finally:
         os.close(fd)
     raw = meta.get(META_KEY)
     if structure != "auto" or raw is None:
+        tie = _recorded_tie(raw) if raw is not None and mode == "r+" else None
+        if tie is not None:
+            raise ValueError(
+                E.TIED_WRITABLE.format(
+                    filename=filename, a=repr(tie[0]), b=repr(tie[1]), na=tie[0], nb=tie[1]
+                )
+            )
         out: Any = _nested(filename, leaves, structure == "flat")
     else:
-        out = _structured(filename, raw, leaves)
+        out = _structured(filename, raw, leaves, mode)
     if device is not None:
         out = out.to(device)
     return out
 
 
-def _structured(filename: str, raw: str, leaves: dict[str, Tensor]) -> Any:
-    builder = _Builder(filename, leaves)
-    try:
-        desc = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise builder.bad(f"not JSON: {e}") from None
+def _structured(filename: str, raw: str, leaves: dict[str, Tensor], mode: str) -> Any:
+    builder = _Builder(filename, leaves, mode)
+    desc = load_json(raw, builder.bad, "the structure")
     if not isinstance(desc, dict) or not isinstance(desc.get("version"), int):
         raise builder.bad("no format version")
     if desc["version"] > FORMAT_VERSION:
@@ -624,9 +882,9 @@ def _structured(filename: str, raw: str, leaves: dict[str, Tensor]) -> Any:
             )
         )
     out = builder.node(desc.get("root"), ())
-    extra = sorted(set(leaves) - builder.used)
+    extra = sorted(set(leaves) - set(builder.used))
     if extra:
-        raise builder.bad(f"tensors {extra[:5]} are not part of the structure")
+        raise builder.bad(E.STRUCT_UNUSED.format(names=extra[:5]))
     return out
 
 

@@ -6,7 +6,9 @@ target may move them). What does not carry over:
 * dim ``names`` of a ``tensordict.TensorDict`` are dropped (tdfunc has no dim names);
 * lazy stacks (``LazyStackedTensorDict``) and other tensordict views (sub-tensordicts,
   ``td.expand`` results...) are *materialised*: their values are read as tensordict returns
-  them, which stacks or indexes into new tensors;
+  them, which stacks or indexes into new tensors. A lazy stack whose members do not share
+  every key (tensordict would drop the others), or hold tensors of different shapes, dtypes
+  or devices under a key, is refused with ``ValueError`` naming the key: no key is dropped;
 * tdfunc containers hold only tensors: a tensordict non-tensor value (``NonTensorData``)
   becomes a static field of the target tensorclass, or is an error.
 
@@ -46,18 +48,68 @@ def _is_tdfunc_tensorclass_type(cls: Any) -> bool:
 # --------------------------------------------------------------------------------------
 # tensordict -> tdfunc
 # --------------------------------------------------------------------------------------
-def _source_items(tdm: Any, obj: Any) -> list[tuple[str, Any]]:
-    if tdm.is_tensorclass(obj):
-        return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
-    return list(obj.items())
+def _source_items(tdm: Any, obj: Any, path: KeyPath) -> list[tuple[str, Any]]:
+    tc = tdm.is_tensorclass(obj)
+    keys = [f.name for f in dataclasses.fields(obj)] if tc else list(obj.keys())
+    items = []
+    for k in keys:
+        try:  # a view or stack computes the value here; tensordict's errors get our key
+            items.append((k, getattr(obj, k) if tc else obj.get(k)))
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as e:
+            raise ValueError(E.CANNOT_READ.format(key=fmt_key((*path, k)), reason=e)) from e
+    return items
+
+
+def _member_value(m: Any, k: str) -> Any:
+    return getattr(m, k) if dataclasses.is_dataclass(m) else m.get(k)
+
+
+def _check_stack(tdm: Any, obj: Any, path: KeyPath) -> None:
+    """Refuse a lazy stack that tensordict would read with keys dropped (it keeps only the
+    keys every member has) or could not stack (shapes, dtypes or devices that differ)."""
+    members = list(obj.tensordicts)
+    for m in members:
+        if isinstance(m, tdm.LazyStackedTensorDict):
+            _check_stack(tdm, m, path)
+    where = fmt_key(path) if path else "<root>"
+    count: dict[str, int] = {}
+    for m in members:
+        for k in list(m.keys()):
+            count[k] = count.get(k, 0) + 1
+    for k, have in count.items():
+        if have != len(members):
+            raise ValueError(
+                E.LAZY_STACK_KEYS.format(
+                    where=where, key=fmt_key((*path, k)), have=have, total=len(members)
+                )
+            )
+    for k in count:
+        values = [_member_value(m, k) for m in members]
+        is_tensor = [isinstance(v, Tensor) for v in values]
+        what = ""
+        if any(is_tensor) and not all(is_tensor):
+            what = "a tensor in some members and not in others"
+        elif all(is_tensor):
+            for attr in ("shape", "dtype", "device"):
+                seen = list(dict.fromkeys(getattr(v, attr) for v in values))
+                if len(seen) > 1:
+                    what = f"tensors of different {attr}s ({', '.join(map(str, seen))})"
+                    break
+        if what:
+            raise ValueError(
+                E.LAZY_STACK_VALUES.format(where=where, what=what, key=fmt_key((*path, k)))
+            )
 
 
 def _convert_in(tdm: Any, obj: Any, path: KeyPath) -> tuple[TensorDict, dict[str, Any]]:
     """A tdfunc TensorDict of ``obj``'s tensors and nested collections, and its non-tensor
     values (``None`` values are left out: the target's defaults apply)."""
+    inner = obj._tensordict if tdm.is_tensorclass(obj) else obj  # a tensorclass's own data
+    if isinstance(inner, tdm.LazyStackedTensorDict):
+        _check_stack(tdm, inner, path)
     data: dict[str, Any] = {}
     static: dict[str, Any] = {}
-    for k, v in _source_items(tdm, obj):
+    for k, v in _source_items(tdm, obj, path):
         if v is None:
             continue
         if isinstance(v, Tensor):
@@ -81,8 +133,9 @@ def _convert_in(tdm: Any, obj: Any, path: KeyPath) -> tuple[TensorDict, dict[str
     return TensorDict(data, batch_size=bs, device=dev), static
 
 
-def from_tensordict(obj: Any, cls: type | None = None) -> Any:
-    """A tdfunc container holding the same tensors as a ``tensordict`` object (no copy).
+def from_tensordict(obj: Any, cls: type | None = None, *, copy: bool = False) -> Any:
+    """A tdfunc container holding the same tensors as a ``tensordict`` object (no copy), or,
+    with ``copy=True``, copies of them.
 
     ``obj`` is a ``tensordict.TensorDict`` (or any ``TensorDictBase``: lazy stacks and views
     are materialised, see the module notes) or a tensordict ``@tensorclass`` instance. The
@@ -94,11 +147,17 @@ def from_tensordict(obj: Any, cls: type | None = None) -> Any:
     Args:
         obj: the tensordict object.
         cls: a tdfunc ``@tensorclass`` type to build (a TensorDict when None).
+        copy: copy every tensor (memory-mapped ones into memory). Without a copy, tdfunc and
+            tensordict share the tensors: an in-place write on either side (tensordict's
+            ``td["a"].add_(1)``, ``set_``, ``update_``...) changes the tdfunc value too. A
+            tdfunc container is immutable, its tensors are not.
 
     Raises:
         ImportError: the ``tensordict`` package is not installed.
         TypeError: ``obj`` is not a tensordict object, ``cls`` is not a tdfunc tensorclass,
             or a non-tensor value has no static field to go to.
+        ValueError: a lazy stack whose members differ in keys, or in the shapes, dtypes or
+            devices under a key; tensordict failed to read a value (both name the key).
 
     Example:
         >>> import pytest, torch, tdfunc
@@ -118,6 +177,8 @@ def from_tensordict(obj: Any, cls: type | None = None) -> Any:
             E.NOT_A_TENSORCLASS.format(what="from_tensordict(cls=...)", cls=cls, kind="tdfunc")
         )
     td, static = _convert_in(tdm, obj, ())
+    if copy:
+        td = td.clone()
     if cls is None:
         if static:
             name = next(iter(static))

@@ -1,0 +1,259 @@
+"""The documentation site's sources (docs/, mkdocs.yml): the API reference covers every public
+name, the guides show only code that runs, and the troubleshooting page says what torch does.
+
+Runs without MkDocs (the ``docs`` extra is not part of the test set-up): the reference pages
+come from ``docs/hooks.py``, which needs only the standard library. ``make docs`` builds the
+site in strict mode on top of this (CI runs both).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import pkgutil
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from torch import nn
+
+import tdfunc
+from tdfunc import _errors as E
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+hooks = _load("tdfunc_docs_hooks", DOCS / "hooks.py")
+PACKAGES = hooks.public_packages()
+
+
+def _pages() -> list[Path]:
+    return sorted(DOCS.rglob("*.md"))
+
+
+# --------------------------------------------------------------------------------------
+# the API reference
+# --------------------------------------------------------------------------------------
+def test_reference_has_a_page_for_every_public_package():
+    found = ["tdfunc"]
+    for info in pkgutil.iter_modules(tdfunc.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"tdfunc.{info.name}")
+        if getattr(module, "__all__", None):
+            found.append(module.__name__)
+    assert ["tdfunc", *sorted(found[1:])] == PACKAGES
+    assert {"tdfunc", "tdfunc.nn", "tdfunc.distributed", "tdfunc.testing"} <= set(PACKAGES)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_static_all_is_the_imported_all(package):
+    # the build reads __all__ from the source without importing torch
+    assert hooks.static_all(package) == list(importlib.import_module(package).__all__)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_reference_page_renders_every_name_once(package):
+    page = hooks.reference_page(package)
+    rendered = hooks.rendered_names(page)
+    expected = [f"{package}.{name}" for name in importlib.import_module(package).__all__]
+    assert sorted(rendered) == sorted(expected)
+    assert page.startswith(f"# `{package}`")
+    assert f"::: {package}\n" in page  # the package docstring heads the page
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_public_function_and_class_has_a_docstring(package):
+    # (constants are documented by a ``#:`` comment: checked by the strict build)
+    module = importlib.import_module(package)
+    missing = []
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if isinstance(obj, ModuleType):
+            continue
+        if inspect.isclass(obj):
+            doc = vars(obj).get("__doc__")
+        elif inspect.isfunction(obj) or inspect.isbuiltin(obj):
+            doc = obj.__doc__
+        else:
+            continue
+        if not (doc or "").strip():
+            missing.append(name)
+    assert missing == []
+
+
+def test_reference_page_of_a_new_package(tmp_path):
+    # a public package that appears later gets its page with no edit of the hook
+    pkg = tmp_path / "tdfunc" / "newpkg"
+    pkg.mkdir(parents=True)
+    (tmp_path / "tdfunc" / "__init__.py").write_text('__all__ = ["newpkg", "f"]\n')
+    (pkg / "__init__.py").write_text('"""New."""\n__all__ = ["g", "h"]\n')
+    (tmp_path / "tdfunc" / "_private.py").write_text('__all__ = ["x"]\n')
+    (tmp_path / "tdfunc" / "empty.py").write_text("__all__: list[str] = []\n")
+    assert hooks.public_packages(tmp_path) == ["tdfunc", "tdfunc.newpkg"]
+    page = hooks.reference_page("tdfunc.newpkg", tmp_path)
+    assert hooks.rendered_names(page) == ["tdfunc.newpkg.g", "tdfunc.newpkg.h"]
+    top = hooks.reference_page("tdfunc", tmp_path)
+    # tdfunc's page has sections; a name in no section lands under "More", a package is linked
+    assert sorted(hooks.rendered_names(top)) == ["tdfunc.f", "tdfunc.newpkg"]
+    assert "## More" in top
+    assert "(tdfunc.newpkg.md)" in top
+
+
+# --------------------------------------------------------------------------------------
+# pages and navigation
+# --------------------------------------------------------------------------------------
+def _nav_pages() -> list[str]:
+    text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    nav = text[text.index("\nnav:") : text.index("\nmarkdown_extensions:")]
+    return re.findall(r":\s+(\S+\.md)\s*$", nav, flags=re.MULTILINE)
+
+
+def test_nav_lists_every_page_and_only_existing_ones():
+    nav = _nav_pages()
+    written = [p.relative_to(DOCS).as_posix() for p in _pages()]
+    assert sorted(p for p in nav if p not in hooks.BENCHMARK_FILES) == sorted(written)
+    for uri, source in hooks.BENCHMARK_FILES.items():
+        assert (ROOT / source).is_file(), source
+        assert uri in nav or not uri.endswith(".md")
+    assert f"  - {hooks.NAV_TITLE}: []" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+
+
+_FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_SNIPPET = re.compile(r'^--8<-- "([^"]+)"$')
+
+
+def _snippets(page: Path) -> list[tuple[str, str]]:
+    """(language, snippet reference) of every fenced block; asserts Python blocks only
+    include files."""
+    out = []
+    for lang, body in _FENCE.findall(page.read_text(encoding="utf-8")):
+        lines = [line.strip() for line in body.splitlines() if line.strip()]
+        if lang in ("python", "py", "pycon", ""):
+            bad = [line for line in lines if not _SNIPPET.match(line)]
+            assert bad == [], f"{page.name}: hand-written Python in a code block: {bad[:2]}"
+        out += [(lang, m.group(1)) for line in lines if (m := _SNIPPET.match(line))]
+    return out
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.relative_to(DOCS).as_posix())
+def test_code_in_pages_is_included_from_examples_that_run(page):
+    # every Python block is an include of an example run by `make demo` (examples/*.py),
+    # whole or a marked section of it: no copy that can rot
+    for _, ref in _snippets(page):
+        path, _, section = ref.partition(":")
+        assert re.fullmatch(r"examples/[a-z_]+\.py", path), ref
+        source = (ROOT / path).read_text(encoding="utf-8")
+        if section:
+            assert f"# --8<-- [start:{section}]" in source, ref
+            assert f"# --8<-- [end:{section}]" in source, ref
+
+
+def test_every_guide_shows_running_code():
+    for page in _pages():
+        if page.parent.name == "guides" and page.stem != "performance":
+            assert _snippets(page), f"{page.name} includes no example"
+
+
+# --------------------------------------------------------------------------------------
+# what the troubleshooting page says torch does
+# --------------------------------------------------------------------------------------
+def _page(name: str) -> str:
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+def test_compiled_error_reads_as_documented_and_force_eager_gives_the_plain_one():
+    td = tdfunc.TensorDict(obs=torch.zeros(4, 3), batch_size=[4])
+
+    def policy(td):
+        return td["observation"].sum(-1)
+
+    compiled = torch.compile(policy, fullgraph=True, backend="eager")
+    message = E.MISSING_KEY.format(key="observation", cls="TensorDict", available=["obs"])
+    with pytest.raises(torch._dynamo.exc.Unsupported) as info:
+        compiled(td)
+    text = str(info.value)
+    page = _page("troubleshooting.md")
+    for phrase in ("Observed exception", "Developer debug context", "from user code"):
+        assert phrase in text
+        assert phrase in page
+    assert text.startswith("Observed exception")
+    assert f"raised exception KeyError({message!r})" in text
+    assert message in str(info.value.__cause__)
+    assert 'set_stance("force_eager")' in page
+
+    with torch.compiler.set_stance("force_eager"), pytest.raises(KeyError) as plain:
+        compiled(td)
+    assert plain.value.args == (message,)
+    # the stance ends with the block: compiled again afterwards
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        compiled(td)
+
+
+def test_load_state_dict_with_a_container_is_as_documented():
+    model = nn.Linear(3, 2)
+    params = tdfunc.from_module(model) * 0.5
+    with pytest.raises(TypeError, match="Expected state_dict to be dict-like") as info:
+        model.load_state_dict(params)
+    assert "Expected state_dict to be dict-like" in _page("troubleshooting.md")
+    assert str(info.value).startswith("Expected state_dict to be dict-like")
+    model.load_state_dict(tdfunc.state_dict(model, params))
+    assert torch.equal(model.weight, params["weight"])
+    assert "tdfunc.state_dict(module, params)" in _page("troubleshooting.md")
+
+
+# --------------------------------------------------------------------------------------
+# the docstring rewriting of the reference (needs griffe: installed by the docs extra)
+# --------------------------------------------------------------------------------------
+def test_docstring_rewriting():
+    pytest.importorskip("griffe")
+    ext = _load("tdfunc_docs_griffe", DOCS / "griffe_docstrings.py")
+    text = (
+        "Do it.\n\n"
+        "Args:\n"
+        "    x: the input.\n"
+        "    y: first.\n"
+        "    compile, backend: for the graphs\n"
+        "        (see redistribute).\n\n"
+        "Raises:\n"
+        "    KeyError: missing.\n"
+        "    Also raised on every rank.\n\n"
+        "Example:\n"
+        "    >>> 1 + 1\n"
+        "    2\n"
+    )
+    out = ext._split_entries(ext._EXAMPLE.sub(r"\1Examples:", text))
+    assert out == (
+        "Do it.\n\n"
+        "Args:\n"
+        "    x: the input.\n"
+        "    y: first.\n"
+        "    compile: for the graphs\n"
+        "        (see redistribute).\n"
+        "    backend: for the graphs\n"
+        "        (see redistribute).\n\n"
+        "Raises:\n"
+        "    KeyError: missing.\n"
+        "        Also raised on every rank.\n\n"
+        "Examples:\n"
+        "    >>> 1 + 1\n"
+        "    2"
+    )
+    assert hooks.github_slug(
+        "replay sampling: tdfunc time <= 1.0x numpy (rows/s >= numpy)", "-"
+    ) == ("replay-sampling-tdfunc-time--10x-numpy-rowss--numpy")
