@@ -22,12 +22,12 @@ tensors, and its output is whatever it returns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.stateless import _reparametrize_module
 
 from ..memmap._tensor import MemoryMappedTensor
 
@@ -93,75 +93,121 @@ def private_copy(t: Tensor, buffer: bool = False) -> Tensor:
 Slot = tuple[nn.Module, str]
 
 
-@dataclass
 class _Snapshot:
-    """Every distinct submodule of a module with the contents of its slot dictionaries."""
+    """Every distinct submodule of a module, with what is needed to see state created in it."""
 
-    modules: list[tuple[str, nn.Module, dict[str, Tensor | None], dict[str, Tensor | None]]]
-    #: ids of the observers of fused fake-quantize modules (see :func:`_undeclared_write`)
-    fused_observers: set[int]
+    __slots__ = ("by_id", "fused_observers", "modules", "prefixes", "writers")
 
-    @staticmethod
-    def take(module: nn.Module) -> _Snapshot:
-        out: list[tuple[str, nn.Module, dict[str, Tensor | None], dict[str, Tensor | None]]] = []
-        seen: set[int] = set()
-        fused: set[int] = set()
+    def __init__(self, module: nn.Module, tie_weights: bool) -> None:
+        #: (first dotted prefix, module, number of parameter slots, of buffer slots, names of
+        #: the slots holding None) per distinct submodule
+        self.modules: list[tuple[str, nn.Module, int, int, tuple[str, ...]]] = []
+        #: id of each submodule -> its first dotted prefix
+        self.prefixes: dict[int, str] = {}
+        #: id of each tensor held in more than one slot -> those slots (with tie_weights)
+        self.by_id: dict[int, list[Slot]] = {}
+        #: ids of the observers of fused fake-quantize modules (see :func:`_undeclared_write`)
+        self.fused_observers: set[int] = set()
+        #: a module whose kernels write without recording it takes part
+        self.writers = False
+        prefixes, modules = self.prefixes, self.modules
+        tensors: list[tuple[Tensor, nn.Module, str]] = []
+        todo: list[tuple[str, nn.Module]] = [("", module)]
+        while todo:
+            prefix, m = todo.pop()
+            if id(m) in prefixes:
+                continue
+            prefixes[id(m)] = prefix
+            params, buffers = m._parameters, m._buffers
+            nones: tuple[str, ...] = ()
+            for d in (params, buffers):
+                for name, t in d.items():
+                    if t is None:
+                        nones += (name,)
+                    elif tie_weights:
+                        tensors.append((t, m, name))
+            modules.append((prefix, m, len(params), len(buffers), nones))
+            if isinstance(m, (_NormBase, _FusedFakeQuantize)):
+                self._note_writer(m)
+            # reversed: popped in definition order (the first name of a shared submodule)
+            todo.extend(
+                (prefix + name + ".", sub)
+                for name, sub in reversed(m._modules.items())
+                if sub is not None
+            )
+        if len({id(t) for t, _, _ in tensors}) != len(tensors):
+            for t, m, name in tensors:
+                self.by_id.setdefault(id(t), []).append((m, name))
 
-        def walk(m: nn.Module, prefix: str) -> None:
-            if id(m) in seen:
-                return
-            seen.add(id(m))
-            if isinstance(m, _FusedFakeQuantize):
-                fused.add(id(m.activation_post_process))
-            out.append((prefix, m, dict(m._parameters), dict(m._buffers)))
-            for name, sub in m._modules.items():
-                if sub is not None:
-                    walk(sub, prefix + name + ".")
-
-        walk(module, "")
-        return _Snapshot(out, fused)
+    def _note_writer(self, m: nn.Module) -> None:
+        if isinstance(m, _NormBase):
+            self.writers = self.writers or bool(m.training and m.track_running_stats)
+        else:
+            self.writers = True
+            self.fused_observers.add(id(m.activation_post_process))
 
     def name_of(self, slot: Slot) -> str:
         """A dotted name of ``slot`` (through the first name of its module)."""
-        m, attr = slot
-        for prefix, mod, _, _ in self.modules:
-            if mod is m:
-                return prefix + attr
-        raise KeyError(attr)
+        return self.prefixes[id(slot[0])] + slot[1]
 
-    def slots_by_tensor(self) -> dict[int, list[Slot]]:
-        """id of each tensor -> every slot holding it (more than one: tied)."""
-        by_id: dict[int, list[Slot]] = {}
-        for _, m, params, buffers in self.modules:
-            for d in (params, buffers):
-                for name, t in d.items():
-                    if t is not None:
-                        by_id.setdefault(id(t), []).append((m, name))
-        return by_id
+    def _added(self) -> list[tuple[str, nn.Module, dict[str, Any], str]]:
+        """The slots added (appended: dicts keep insertion order) or filled since the walk."""
+        out: list[tuple[str, nn.Module, dict[str, Any], str]] = []
+        for prefix, m, n_params, n_buffers, nones in self.modules:
+            for d, n in ((m._parameters, n_params), (m._buffers, n_buffers)):
+                if len(d) > n:
+                    out += [(prefix, m, d, k) for k in list(d)[n:]]
+            for k in nones:
+                for d in (m._parameters, m._buffers):
+                    if d.get(k) is not None:
+                        out.append((prefix, m, d, k))
+        return out
 
     def created(self) -> dict[str, Tensor]:
         """Persistent parameters/buffers that hold a tensor now and held none before."""
-        new: dict[str, Tensor] = {}
-        for prefix, m, params, buffers in self.modules:
-            for d, before in ((m._parameters, params), (m._buffers, buffers)):
-                if len(d) == len(before) and all(before[k] is not None for k in before):
-                    continue
-                skip = m._non_persistent_buffers_set if d is m._buffers else ()
-                for name, t in d.items():
-                    if t is not None and before.get(name) is None and name not in skip:
-                        new[prefix + name] = t
-        return new
+        return {
+            prefix + k: d[k]
+            for prefix, m, d, k in self._added()
+            if d[k] is not None and (d is m._parameters or k not in m._non_persistent_buffers_set)
+        }
 
     def restore_created(self) -> None:
         """Take back what the call added: slots created or filled while it ran."""
-        for _, m, params, buffers in self.modules:
-            for d, before in ((m._parameters, params), (m._buffers, buffers)):
-                for name in [k for k in d if k not in before]:
-                    del d[name]
-                    m._non_persistent_buffers_set.discard(name)
-                for name, t in before.items():
-                    if t is None and d.get(name) is not None:
-                        d[name] = None
+        for _, m, d, k in self._added():
+            if any(k == name for name in self._nones_of(m)):
+                d[k] = None
+            else:
+                del d[k]
+                m._non_persistent_buffers_set.discard(k)
+
+    def _nones_of(self, m: nn.Module) -> tuple[str, ...]:
+        for _, mod, _, _, nones in self.modules:
+            if mod is m:
+                return nones
+        return ()
+
+
+@contextlib.contextmanager
+def swapped(module: nn.Module, swap: dict[str, Tensor], slots: list[Slot]) -> Iterator[None]:
+    """Put ``swap``'s tensors into ``slots`` (one per dotted name) while the block runs.
+
+    The module's own tensors are put back afterwards (last in, first out), whatever happens,
+    and ``swap`` then holds what each slot held at the end of the block (a rebound tensor).
+    Under ``torch.compile`` this is torch's own reparametrisation (see ``_versions``), which
+    Dynamo knows, also inside ``scan``/``while_loop`` bodies.
+    """
+    saved: list[tuple[dict[str, Any], str, Any]] = []
+    for (m, attr), t in zip(slots, swap.values()):
+        d: dict[str, Any] = m._parameters if attr in m._parameters else m._buffers
+        saved.append((d, attr, d[attr]))
+        d[attr] = t
+    try:
+        yield
+    finally:
+        for name, (d, attr, _) in zip(swap, saved):
+            swap[name] = d[attr]
+        for d, attr, old in reversed(saved):
+            d[attr] = old
 
 
 def _undeclared_write(where: list[Slot], fused_observers: set[int]) -> bool:
@@ -227,32 +273,35 @@ def call_with_state(
     """
     from ._versions import write_marks  # imports torch._dynamo: on first use only
 
-    snapshot = _Snapshot.take(module)
-    by_id = snapshot.slots_by_tensor() if tie_weights else {}
+    snapshot = _Snapshot(module, tie_weights)
     copies: list[Tensor] = []
-    # the slots each given name fills, by a dotted name torch's reparametrisation resolves
+    is_buffer: list[bool] = []
+    # the slots each given name fills (more than one: tied), and one dotted name per slot
     targets: list[list[tuple[str, Slot]]] = []
     swap: dict[str, Tensor] = {}
+    swap_slots: list[Slot] = []
     for name, t in tensors.items():
         slot = slots[name]
-        d = _slot_dict(slot)
-        own = d[slot[1]]
-        c = private_copy(t, d is slot[0]._buffers)
+        m, attr = slot
+        buffer = attr not in m._parameters
+        own = (m._buffers if buffer else m._parameters)[attr]
+        c = private_copy(t, buffer)
         copies.append(c)
-        tied = by_id.get(id(own)) if own is not None else None
-        where = [(snapshot.name_of(s), s) for s in tied] if tied else [(name, slot)]
+        is_buffer.append(buffer)
+        tied = snapshot.by_id.get(id(own)) if snapshot.by_id else None
+        if tied is not None and len(tied) > 1:
+            where = [(snapshot.name_of(s), s) for s in tied]
+        else:
+            where = [(name, slot)]
         targets.append(where)
-        for dotted, _ in where:
+        for dotted, s in where:
             swap[dotted] = c
-    is_buffer = [slots[n][1] in slots[n][0]._buffers for n in tensors]
+            swap_slots.append(s)
     before = write_marks(copies, is_buffer)
     if not isinstance(args, tuple):
         args = (args,)
     try:
-        # torch's own reparametrisation: put back in the slots (last in, first out) whatever
-        # happens, and known to torch.compile (also inside scan/while_loop bodies); ``swap``
-        # then holds what each slot held at the end of the call
-        with _reparametrize_module(module, swap, stack_weights=True):
+        with swapped(module, swap, swap_slots):
             out = module(*args, **(kwargs or {}))
         after = write_marks(copies, is_buffer)
         written: dict[str, Tensor] = {}
@@ -266,7 +315,10 @@ def call_with_state(
                 if (
                     m1[:2] != m0[:2]
                     or (m0[2] and not m1[2] and not _same_values(c, tensors[name]))
-                    or _undeclared_write([s for _, s in where], snapshot.fused_observers)
+                    or (
+                        snapshot.writers
+                        and _undeclared_write([s for _, s in where], snapshot.fused_observers)
+                    )
                 ):
                     written[name] = c
         created = snapshot.created()

@@ -28,12 +28,15 @@ runs for real, before the call to :func:`write_marks` is traced).
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import torch
 import torch._dynamo
 from torch import Tensor
+from torch.nn.utils.stateless import _reparametrize_module
 
 from ..memmap._tensor import MemoryMappedTensor
-from ._state import private_copy
+from ._state import Slot, private_copy, swapped
 
 
 def _base(t: Tensor) -> Tensor:
@@ -106,6 +109,14 @@ def _traced_private_copy(t: Tensor, buffer: bool = False) -> Tensor:
     if buffer or torch._C._functorch.is_batchedtensor(t) or isinstance(t, MemoryMappedTensor):
         return t.clone()
     return torch.ops.aten._lazy_clone(t)
+
+
+@torch._dynamo.substitute_in_graph(swapped)  # type: ignore[arg-type]
+def _traced_swapped(
+    module: torch.nn.Module, swap: dict[str, Tensor], slots: list[Slot]
+) -> AbstractContextManager[None]:
+    # torch's reparametrisation: Dynamo lets it mutate the module inside higher-order ops
+    return _reparametrize_module(module, swap, stack_weights=True)
 
 
 __all__ = ["write_marks"]
