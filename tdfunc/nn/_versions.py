@@ -35,7 +35,6 @@ import torch._dynamo
 from torch import Tensor
 from torch.nn.utils.stateless import _reparametrize_module
 
-from ..memmap._tensor import MemoryMappedTensor
 from ._state import Slot, private_copy, swapped
 
 
@@ -104,11 +103,9 @@ def _traced_write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tup
 
 @torch._dynamo.substitute_in_graph(private_copy)
 def _traced_private_copy(t: Tensor, buffer: bool = False) -> Tensor:
-    # Dynamo cannot look under functorch wrappers; a compiled graph is functional anyway
-    # (every copy is a clone there), so only what is cheapest to trace matters here
-    if buffer or torch._C._functorch.is_batchedtensor(t) or isinstance(t, MemoryMappedTensor):
-        return t.clone()
-    return torch.ops.aten._lazy_clone(t)
+    # A compiled graph is functional: a copy is a clone there, whatever it is eagerly, and
+    # inductor removes the clones nothing writes (``aten._lazy_clone`` would stay an op call)
+    return t.clone()
 
 
 @torch._dynamo.substitute_in_graph(swapped)  # type: ignore[arg-type]
