@@ -1,10 +1,10 @@
 """A pure, compiled training loop of a small conv net with batch norm.
 
-Parameters and running statistics are TensorDicts that are never written: each step returns
-new parameters (TensorDict arithmetic), the new batch-norm statistics (``functional_call(...,
-return_state=True)``) and the loss, in one ``torch.compile(fullgraph=True)`` graph. At the end
-the statistics and losses are compared with the ordinary stateful loop (``nn.Module`` +
-``torch.optim.SGD``, in place) on the same data.
+Parameters, optimizer state and running statistics are TensorDicts that are never written:
+each step returns new parameters and momentum (``tdfunc.optim.sgd``), the new batch-norm
+statistics (``functional_call(..., return_state=True)``) and the loss, in one
+``torch.compile(fullgraph=True)`` graph. At the end the statistics and losses are compared with
+the ordinary stateful loop (``nn.Module`` + ``torch.optim.SGD``, in place) on the same data.
 """
 
 import torch
@@ -14,7 +14,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
 
-STEPS, LR = 30, 0.1
+STEPS, LR, MOMENTUM = 30, 0.1, 0.9
 
 
 def make_net() -> nn.Module:
@@ -39,9 +39,10 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 net = make_net()  # gives the structure; its own tensors are never used nor changed
+opt = tdfunc.optim.sgd(lr=LR, momentum=MOMENTUM)
 
 
-def train_step(params, buffers, x, y):
+def train_step(params, opt_state, buffers, x, y):
     def loss_fn(p):
         logits, (_, new_buffers) = tdfunc.functional_call(
             net, (p, buffers), (x,), return_state=True
@@ -49,18 +50,20 @@ def train_step(params, buffers, x, y):
         return F.cross_entropy(logits, y), new_buffers
 
     grads, (loss, new_buffers) = torch.func.grad_and_value(loss_fn, has_aux=True)(params)
-    return params - LR * grads, new_buffers, loss
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return tdfunc.optim.apply_updates(params, updates), opt_state, new_buffers, loss
 
 
 params = tdfunc.from_module(net, buffers=False).detach()
 buffers = tdfunc.TensorDict({k: b.clone() for k, b in net.named_buffers()}).unflatten_keys(".")
+opt_state = opt.init(params)  # momentum buffers and the step count
 counter = CompileCounterWithBackend("aot_eager")
 step = torch.compile(train_step, backend=counter, fullgraph=True)
 
 initial, snapshot = buffers, buffers.clone()
 losses = []
 for i in range(STEPS):
-    params, buffers, loss = step(params, buffers, *batch(i))
+    params, opt_state, buffers, loss = step(params, opt_state, buffers, *batch(i))
     losses.append(loss.item())
 tdfunc.testing.assert_close(initial, snapshot, rtol=0, atol=0)  # never written
 print(
@@ -69,16 +72,16 @@ print(
 )
 assert counter.frame_count == 1
 
-# the ordinary stateful way, in place, on the same data
+# the reference: the ordinary stateful way, in place, on the same data
 ref = make_net()
-opt = torch.optim.SGD(ref.parameters(), lr=LR)
+ref_opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=MOMENTUM)
 ref_losses = []
 for i in range(STEPS):
     x, y = batch(i)
-    opt.zero_grad()
+    ref_opt.zero_grad()
     loss = F.cross_entropy(ref(x), y)
     loss.backward()
-    opt.step()
+    ref_opt.step()
     ref_losses.append(loss.item())
 
 ref_buffers = tdfunc.TensorDict(dict(ref.named_buffers())).unflatten_keys(".")

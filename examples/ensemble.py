@@ -1,7 +1,8 @@
 """An ensemble of 8 MLPs run as one batched call: stack_modules + torch.vmap + functional_call.
 
-The stacked parameters are a TensorDict with batch size [8] of fresh leaf tensors, so one
-optimizer trains all members at once; the original modules are never modified.
+The stacked parameters are a TensorDict with batch size [8]; one pure tdfunc.optim.adam trains
+all members at once (its state has the same batch size: one set of moments per member); the
+original modules are never modified, and neither are the parameters: every step returns new ones.
 """
 
 import copy
@@ -46,14 +47,22 @@ target = lambda x: x[:, :1].sin() * x[:, 1:]  # noqa: E731
 data = torch.randn(256, 2)
 idx = torch.randint(0, 256, (N, 256))
 xs, ys = data[idx], target(data)[idx]  # [8, 256, 2], [8, 256, 1]
-per_member = torch.vmap(member_forward, in_dims=(0, 0))
 
-opt = torch.optim.Adam(params.values(include_nested=True, leaves_only=True), lr=1e-2)
+params = params.detach()  # plain tensors: the step below returns new ones, nothing requires grad
+opt = tdfunc.optim.adam(lr=1e-2)
+state = opt.init(params)  # TensorDict, batch [8]: exp_avg / exp_avg_sq per member, step count
+
+
+def member_loss(p, x, y):
+    return ((member_forward(p, x) - y) ** 2).mean()
+
+
+# per-member gradients in one batched call; one pure update for the whole ensemble
+grads_and_losses = torch.vmap(torch.func.grad_and_value(member_loss), in_dims=(0, 0, 0))
 for step in range(121):
-    opt.zero_grad()
-    losses = ((per_member(params, xs) - ys) ** 2).mean(dim=(1, 2))  # one loss per member
-    losses.sum().backward()
-    opt.step()
+    grads, losses = grads_and_losses(params, xs, ys)
+    updates, state = opt.update(grads, state, params)
+    params = tdfunc.optim.apply_updates(params, updates)
     if step % 60 == 0:
         print(f"step {step:3d} member losses", [round(v, 4) for v in losses.tolist()])
 

@@ -5,8 +5,8 @@
    dataset in memory.
 2. ``tdfunc.load(path)`` reopens it read-only: loading maps the file, nothing is read until a
    batch is indexed, and any write into it raises ``PermissionError``.
-3. A compiled training step (``torch.compile(fullgraph=True)``) runs on batches indexed out of
-   the store.
+3. A compiled training step (``torch.compile(fullgraph=True)``: forward, gradients and a pure
+   ``tdfunc.optim.sgd`` update) runs on batches indexed out of the store.
 
 Run: ``python examples/memmap_dataset.py``
 """
@@ -56,25 +56,29 @@ def train(path: str) -> None:
 
     torch.manual_seed(0)
     model = torch.nn.Linear(FEATURES, CLASSES)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    params = tdfunc.from_module(model).detach()
+    opt = tdfunc.optim.sgd(lr=0.5)
+    state = opt.init(params)
+
+    def loss_fn(p: tdfunc.TensorDict, batch: tdfunc.TensorDict) -> torch.Tensor:
+        return F.cross_entropy(tdfunc.functional_call(model, p, (batch["x"],)), batch["y"])
 
     @torch.compile(fullgraph=True)
-    def loss_fn(batch: tdfunc.TensorDict) -> torch.Tensor:
-        return F.cross_entropy(model(batch["x"]), batch["y"])
+    def train_step(p: tdfunc.TensorDict, state: tdfunc.TensorDict, batch: tdfunc.TensorDict):
+        grads, loss = torch.func.grad_and_value(loss_fn)(p, batch)
+        updates, state = opt.update(grads, state, p)
+        return tdfunc.optim.apply_updates(p, updates), state, loss
 
     for epoch in range(3):
         total = 0.0
         for idx in torch.randperm(N).split(BATCH):
             batch = data[idx]  # reads these rows from the mapped file
-            loss = loss_fn(batch)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            params, state, loss = train_step(params, state, batch)
             total += loss.item() * len(idx)
         print(f"epoch {epoch}: mean loss {total / N:.4f}")
 
-    with torch.no_grad():
-        acc = (model(data["x"]).argmax(-1) == data["y"]).float().mean().item()
+    hits = tdfunc.functional_call(model, params, (data["x"],)).argmax(-1) == data["y"]
+    acc = hits.float().mean().item()
     print(f"training accuracy {acc:.3f}")
     assert acc > 0.8, acc
 

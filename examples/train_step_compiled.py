@@ -1,5 +1,6 @@
-"""A functional training step compiled with torch.compile(fullgraph=True): parameters, momentum
-and the data batch are TensorDicts; the update is TensorDict arithmetic; no graph breaks."""
+"""A functional training step compiled with torch.compile(fullgraph=True): parameters, the
+optimizer state and the data batch are TensorDicts; the update is a pure tdfunc.optim.sgd with
+momentum whose learning rate is a tensor in its state (changing it does not recompile)."""
 
 import time
 
@@ -24,33 +25,38 @@ def loss_fn(params, batch):
     return ((pred - batch["y"]) ** 2).mean()
 
 
-def train_step(params, momentum, batch, lr):
+opt = tdfunc.optim.sgd(lr=torch.tensor(0.05), momentum=0.9)
+
+
+def train_step(params, state, batch):
     grads, loss = torch.func.grad_and_value(loss_fn)(params, batch)
-    momentum = 0.9 * momentum + grads
-    return params - lr * momentum, momentum, loss
+    updates, state = opt.update(grads, state, params)
+    return tdfunc.optim.apply_updates(params, updates), state, loss
 
 
 counter = CompileCounterWithBackend("inductor")  # real compilation, plus a frame count
 step = torch.compile(train_step, backend=counter, fullgraph=True)
 
 params = tdfunc.from_module(model).detach()
-momentum = params * 0
-lr = torch.tensor(0.05)
+state = opt.init(params)  # {"sgd": {"momentum_buffer": <params-shaped>, "step": 0, "lr": 0.05}}
 t0 = time.perf_counter()
-params, momentum, loss = step(params, momentum, make_batch(), lr)
+params, state, loss = step(params, state, make_batch())
 print(f"first call (compiles): {time.perf_counter() - t0:.1f} s, loss {loss:.4f}")
 for i in range(300):
-    params, momentum, loss = step(params, momentum, make_batch(), lr)
+    if i == 200:  # decay the learning rate: a new value in the state, the same graph
+        state = tdfunc.optim.set_hyperparams(state, lr=0.01)
+    params, state, loss = step(params, state, make_batch())
     if i % 100 == 0:
         print(f"step {i:3d} loss {loss:.4f}")
 print(f"final loss {loss:.4f}; frames compiled: {counter.frame_count} (one graph, no breaks)")
 assert counter.frame_count == 1
+assert int(state["sgd", "step"]) == 301
 assert loss < 0.05
 
 # the same step eagerly gives the same numbers
 p0 = tdfunc.from_module(model).detach()
 b = make_batch()
-eager = train_step(p0, p0 * 0, b, lr)
-compiled = step(p0, p0 * 0, b, lr)
+eager = train_step(p0, opt.init(p0), b)
+compiled = step(p0, opt.init(p0), b)
 tdfunc.testing.assert_close(compiled[0], eager[0], atol=1e-5, rtol=1e-5)
 print("compiled step == eager step")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import _collate, _control, _deprecate, nn, testing
+from . import _collate, _control, _deprecate, nn, optim, testing
 from ._base import Container
 from ._control import cond, scan, while_loop
 from ._errors import KeysDifferError, NodeTypesDifferError, StructureError
@@ -99,6 +99,7 @@ __all__ = [
     "memmap_like",
     "nn",
     "ones_like",
+    "optim",
     "save",
     "save_safetensors",
     "scan",

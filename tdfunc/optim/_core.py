@@ -1,0 +1,622 @@
+"""The shared machinery of :mod:`tdfunc.optim`: the transformation type, state checks,
+hyperparameters and the list arithmetic (one ``torch._foreach_*`` call per op, or per leaf).
+
+A state is a :class:`~tdfunc.TensorDict` with one top-level key, the transformation's tag
+(``"adam"``, ``"chain"``...), holding its entries: buffers (flat TensorDicts keyed by the
+leaves' names, the key paths joined by ``"."`` as in ``state_dict``), the step count and the
+hyperparameters given as tensors, all with the params' batch size (one entry per ensemble
+member). Flat buffers keep the state small: a compiled step guards on and rebuilds one node
+per buffer instead of one per submodule. ``update`` checks a state against the tag, the
+expected entries, the grads' leaf names, batch size and shapes before any arithmetic, so a
+state of another optimizer or other params raises :class:`~tdfunc.optim.OptimStateError`
+instead of broadcasting silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .._ops import _can_foreach, check_same_structure
+from .._tree import has_leaves, is_node, leaves, leaves_with_paths, map_leaves
+from ..tensordict import TensorDict
+from . import _errors as E
+
+#: A schedule maps the number of updates done so far (an int64 tensor) to a value (a tensor).
+Schedule = Callable[[Tensor], Tensor]
+#: A hyperparameter: a Python number (fixed), a tensor (kept in the state, changeable without
+#: recompiling, one value per ensemble member allowed) or a schedule of the step count.
+Hyper = float | Tensor | Schedule
+
+
+class GradientTransformation(NamedTuple):
+    """An optimizer or a gradient transformation: a pair of pure functions.
+
+    ``state = init(params)`` builds the state (a :class:`~tdfunc.TensorDict`);
+    ``updates, state = update(grads, state, params)`` returns the updates (same structure as
+    ``grads``) and the new state. Neither writes into its arguments. Apply the updates with
+    :func:`tdfunc.optim.apply_updates`.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> from tdfunc import optim
+        >>> params = tdfunc.TensorDict(w=torch.ones(2))
+        >>> opt = optim.sgd(lr=0.5)
+        >>> state = opt.init(params)
+        >>> updates, state = opt.update(params, state, params)   # grads = params
+        >>> optim.apply_updates(params, updates)["w"].tolist()
+        [0.5, 0.5]
+    """
+
+    init: Callable[[Any], TensorDict]
+    update: Callable[..., tuple[Any, TensorDict]]
+
+
+# --------------------------------------------------------------------------------------
+# inputs
+# --------------------------------------------------------------------------------------
+def check_container(x: Any, what: str) -> None:
+    """``TypeError`` unless ``x`` is a TensorDict or a tensorclass instance."""
+    if not is_node(x):
+        raise TypeError(E.NOT_A_CONTAINER.format(what=what, typ=type(x).__name__))
+
+
+def fmt_path(path: tuple[str, ...]) -> str:
+    return repr(path[0]) if len(path) == 1 else repr(path)
+
+
+def float_leaves(params: Any, what: str) -> list[Tensor]:
+    """The leaves of ``params``; ``TypeError`` naming the first non-floating one."""
+    check_container(params, what)
+    ls = leaves(params)
+    if not all(x.is_floating_point() for x in ls):
+        for path, x in leaves_with_paths(params):
+            if not x.is_floating_point():
+                raise TypeError(E.NOT_FLOATING.format(what=what, key=fmt_path(path), dtype=x.dtype))
+    return ls
+
+
+def grads_and_params(
+    grads: Any, params: Any, what: str, needs_params: bool
+) -> tuple[list[Tensor], list[Tensor] | None]:
+    """Leaves of grads (and params): ``StructureError`` naming the keys when they differ."""
+    check_container(grads, what)
+    if params is None:
+        if needs_params:
+            raise TypeError(E.NEEDS_PARAMS.format(what=what))
+        return leaves(grads), None
+    check_container(params, what)
+    check_same_structure(params, grads, E.GRADS_VS_PARAMS.format(what=what))
+    return leaves(grads), leaves(params)
+
+
+def _zip(nodes: list[Any], outs: list[list[Tensor]], names: list[str], prefix: str) -> bool:
+    first = nodes[0]
+    typ, keys = type(first), first._tdf_keys()
+    rows = []
+    for n in nodes:
+        if n is not first and (type(n) is not typ or n._tdf_keys() != keys):
+            return False
+        rows.append(n._tdf_children())
+    static = first._tdf_static()
+    # nodes of one type without static fields (TensorDict) need no static comparison
+    if static and any(n._tdf_static() != static for n in nodes):
+        return False
+    for i, (k, v) in enumerate(zip(keys, rows[0])):
+        if isinstance(v, Tensor):
+            for row, out in zip(rows, outs):
+                x = row[i]
+                if not isinstance(x, Tensor):
+                    return False
+                out.append(x)
+            names.append(prefix + k)
+        elif v is None:
+            if any(row[i] is not None for row in rows):
+                return False
+        elif not _zip([row[i] for row in rows], outs, names, prefix + k + "."):
+            return False
+    return True
+
+
+def zip_leaves(nodes: list[Any], names: list[str] | None = None) -> list[list[Tensor]] | None:
+    """The leaves of each node, or ``None`` when the structures differ.
+
+    One walk over all nodes together: an update reads the grads and the params, whose
+    structures must agree; walking them in lockstep checks that and collects their leaves in
+    one pass (the hot path of every eager step), and the leaves' names (key paths joined by
+    ``"."``) into ``names``. When it returns ``None`` the caller runs the precise checks that
+    name the keys at fault.
+    """
+    outs: list[list[Tensor]] = [[] for _ in nodes]
+    return outs if _zip(nodes, outs, [] if names is None else names, "") else None
+
+
+def leaf_names(params: Any, what: str) -> list[str]:
+    """The names of the leaves (key paths joined by ``"."``, as ``state_dict``); a
+    ``ValueError`` when two paths give one name (``"a.b"`` next to ``("a", "b")``)."""
+    names: list[str] = []
+    seen: dict[str, tuple[str, ...]] = {}
+    for path, _ in leaves_with_paths(params):
+        name = ".".join(path)
+        if name in seen:
+            raise ValueError(
+                E.NAME_COLLISION.format(
+                    what=what, a=fmt_path(seen[name]), b=fmt_path(path), name=name
+                )
+            )
+        seen[name] = path
+        names.append(name)
+    return names
+
+
+def first_device(ls: Sequence[Tensor]) -> torch.device | None:
+    return ls[0].device if ls else None
+
+
+# --------------------------------------------------------------------------------------
+# hyperparameters
+# --------------------------------------------------------------------------------------
+def check_hyper(
+    what: str, name: str, value: Any, low: float = 0.0, high: float | None = None
+) -> None:
+    """The range checks of ``torch.optim`` (numbers and tensors; schedules are not checked)."""
+    if callable(value) and not isinstance(value, Tensor):
+        return
+    if isinstance(value, Tensor):
+        if not value.is_floating_point():
+            raise TypeError(
+                E.BAD_HYPER.format(
+                    what=what,
+                    name=name,
+                    value=value,
+                    rule="a tensor hyperparameter must be floating point",
+                )
+            )
+        bad = bool((value < low).any()) or (high is not None and bool((value >= high).any()))
+    else:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise TypeError(
+                E.BAD_HYPER.format(
+                    what=what, name=name, value=value, rule="a number, tensor or schedule"
+                )
+            )
+        bad = value < low or (high is not None and value >= high)
+    if bad:
+        rule = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise ValueError(E.BAD_HYPER.format(what=what, name=name, value=value, rule=rule))
+
+
+def hyper_state(
+    hypers: dict[str, Any], batch_size: torch.Size, device: torch.device | None, what: str
+) -> dict[str, Tensor]:
+    """The state entries of the tensor hyperparameters: one value per batch entry."""
+    out: dict[str, Tensor] = {}
+    for name, v in hypers.items():
+        if isinstance(v, Tensor):
+            fits = v.ndim <= len(batch_size) and all(
+                a in (1, b) for a, b in zip(reversed(v.shape), reversed(batch_size))
+            )
+            if not fits:
+                raise ValueError(
+                    E.HYPER_SHAPE.format(
+                        what=what, name=name, shape=tuple(v.shape), batch_size=tuple(batch_size)
+                    )
+                )
+            out[name] = torch.broadcast_to(v.detach(), batch_size).to(device=device).clone()
+    return out
+
+
+def hyper_value(hypers: dict[str, Any], name: str, inner: Any, count: Tensor) -> Any:
+    """A hyperparameter at this step: the state's tensor, the schedule's value, or the number."""
+    v = hypers[name]
+    if isinstance(v, Tensor):
+        return inner._tdf_get(name, None)
+    if callable(v):
+        return v(count)
+    return v
+
+
+def is_zero(v: Any) -> bool:
+    """A Python number equal to zero (tensors and schedules are never skipped)."""
+    return isinstance(v, (int, float)) and v == 0
+
+
+# --------------------------------------------------------------------------------------
+# states
+# --------------------------------------------------------------------------------------
+def make_state(tag: str, entries: dict[str, Any], batch_size: torch.Size) -> TensorDict:
+    """``TensorDict({tag: TensorDict(entries)})`` with the params' batch size."""
+    return TensorDict({tag: TensorDict(entries, batch_size=batch_size)}, batch_size=batch_size)
+
+
+def step_count(batch_size: torch.Size, device: torch.device | None) -> Tensor:
+    """The step count entry: zeros of the batch size (int64)."""
+    return torch.zeros(batch_size, dtype=torch.int64, device=device)
+
+
+def open_state(state: Any, tag: str, keys: Sequence[str], grads: Any, what: str) -> Any:
+    """The entries of ``state`` for the transformation ``tag``; typed errors otherwise."""
+    if not isinstance(state, TensorDict):
+        raise TypeError(E.NOT_A_CONTAINER.format(what=f"{what}: state", typ=type(state).__name__))
+    top = state._tdf_keys()
+    if top != (tag,):
+        raise E.OptimStateError(E.WRONG_STATE.format(what=what, expected=tag, got=list(top)))
+    inner = state._tdf_get(tag, None)
+    got = inner._tdf_keys() if isinstance(inner, TensorDict) else ()
+    if sorted(got) != sorted(keys):
+        raise E.OptimStateError(
+            E.STATE_KEYS.format(what=what, name=tag, got=sorted(got), expected=sorted(keys))
+        )
+    # a state without tensors keeps its batch size under torch.vmap (nothing to map): only a
+    # state with entries must follow the grads' batch dims
+    if state._batch_size != grads._batch_size and has_leaves(state):
+        raise E.OptimStateError(
+            E.STATE_BATCH.format(
+                what=what, got=tuple(state._batch_size), expected=tuple(grads._batch_size)
+            )
+        )
+    return inner
+
+
+def buffer(
+    inner: Any, entry: str, names: tuple[str, ...], ls_g: list[Tensor], what: str
+) -> list[Tensor]:
+    """The leaves of the buffer ``entry`` (a flat TensorDict keyed by the leaves' names): the
+    grads' names in order and the grads' shapes, or :class:`OptimStateError`."""
+    node = inner._tdf_get(entry, None)
+    if not isinstance(node, TensorDict) or node._tdf_keys() != names:
+        got = node._tdf_keys() if isinstance(node, TensorDict) else ()
+        raise E.OptimStateError(
+            E.STATE_PARAMS.format(
+                what=what,
+                entry=entry,
+                missing=sorted(set(names) - set(got)),
+                extra=sorted(set(got) - set(names)),
+            )
+        )
+    ls = list(node._tdf_children())
+    if not all(x.shape == g.shape for x, g in zip(ls, ls_g)):
+        for name, x, g in zip(names, ls, ls_g):
+            if x.shape != g.shape:
+                raise E.OptimStateError(
+                    E.STATE_SHAPE.format(
+                        what=what,
+                        entry=entry,
+                        key=repr(name),
+                        got=tuple(x.shape),
+                        expected=tuple(g.shape),
+                    )
+                )
+    return ls
+
+
+def new_state(state: Any, tag: str, values: dict[str, Any]) -> TensorDict:
+    """``state`` with new entries (trusted: the structure was checked by :func:`open_state`).
+
+    ``values`` maps each entry to a tensor or to the list of a buffer's new leaves; entries
+    not given keep their value.
+    """
+    inner = state._tdf_get(tag, None)
+    out: list[Tensor] = []
+    for k, v in zip(inner._tdf_keys(), inner._tdf_children()):
+        new = values.get(k, v)
+        if isinstance(new, list):
+            out.extend(new)
+        elif isinstance(new, Tensor):
+            out.append(new)
+        else:
+            out.extend(leaves(new))
+    return map_leaves(state, out)
+
+
+# --------------------------------------------------------------------------------------
+# list arithmetic
+# --------------------------------------------------------------------------------------
+def bcast(s: Any, x: Tensor) -> Any:
+    """A per-member scalar ``s`` (shape = batch size) made to broadcast against leaf ``x``.
+
+    Under ``torch.vmap`` a member's scalar is 0-d and nothing is done; outside, a scalar of
+    shape ``[N]`` becomes ``[N, 1, ...]`` in ``x``'s dtype (so it does not promote ``x``).
+    """
+    if isinstance(s, Tensor) and s.ndim > 0:
+        s = s.reshape(s.shape + (1,) * (x.ndim - s.ndim))
+        if s.dtype != x.dtype:
+            s = s.to(x.dtype)
+    return s
+
+
+class Lists:
+    """Elementwise ops over lists of leaves: one ``torch._foreach_*`` call each when
+    possible, per-leaf ops otherwise (under ``torch.vmap``, whose batched tensors foreach
+    cannot take, and for per-member scalars outside vmap).
+
+    Methods ending in ``_`` write into their first argument: call them only on lists this
+    module created (never on a caller's tensors).
+    """
+
+    __slots__ = ("bd", "fe")
+
+    def __init__(self, ls: list[Tensor], batch_size: torch.Size) -> None:
+        self.bd = len(batch_size)
+        self.fe = self.bd == 0 and _can_foreach(ls)
+
+    def neg(self, xs: list[Tensor]) -> list[Tensor]:
+        if self.fe:
+            return list(torch._foreach_neg(xs))
+        return [torch.neg(x) for x in xs]
+
+    def sign(self, xs: list[Tensor]) -> list[Tensor]:
+        if self.fe:
+            return list(torch._foreach_sign(xs))
+        return [torch.sign(x) for x in xs]
+
+    def sqrt(self, xs: list[Tensor]) -> list[Tensor]:
+        if self.fe:
+            return list(torch._foreach_sqrt(xs))
+        return [torch.sqrt(x) for x in xs]
+
+    def mul(self, xs: list[Tensor], s: Any) -> list[Tensor]:
+        if self.fe:
+            return list(torch._foreach_mul(xs, s))
+        return [x * bcast(s, x) for x in xs]
+
+    def mul_(self, xs: list[Tensor], s: Any) -> list[Tensor]:
+        if self.fe:
+            torch._foreach_mul_(xs, s)
+        else:
+            for x in xs:
+                x.mul_(bcast(s, x))
+        return xs
+
+    def div_(self, xs: list[Tensor], s: Any) -> list[Tensor]:
+        if self.fe:
+            torch._foreach_div_(xs, s)
+        else:
+            for x in xs:
+                x.div_(bcast(s, x))
+        return xs
+
+    def add_scalar_(self, xs: list[Tensor], s: Any) -> list[Tensor]:
+        if self.fe:
+            torch._foreach_add_(xs, s)
+        else:
+            for x in xs:
+                x.add_(bcast(s, x))
+        return xs
+
+    def mul_list(self, xs: list[Tensor], ys: list[Tensor]) -> list[Tensor]:
+        if self.fe:
+            return list(torch._foreach_mul(xs, ys))
+        return [x * y for x, y in zip(xs, ys)]
+
+    def div_list(self, xs: list[Tensor], ys: list[Tensor]) -> list[Tensor]:
+        if self.fe:
+            return list(torch._foreach_div(xs, ys))
+        return [x / y for x, y in zip(xs, ys)]
+
+    def add(self, xs: list[Tensor], ys: list[Tensor], alpha: Any = 1.0) -> list[Tensor]:
+        """``xs + alpha * ys`` (new tensors); ``alpha`` a number or a per-member tensor."""
+        if isinstance(alpha, Tensor):
+            return self.add(xs, self.mul(ys, alpha))
+        if self.fe:
+            return list(torch._foreach_add(xs, ys, alpha=alpha))
+        return [torch.add(x, y, alpha=alpha) for x, y in zip(xs, ys)]
+
+    def add_(self, xs: list[Tensor], ys: list[Tensor], alpha: Any = 1.0) -> list[Tensor]:
+        if isinstance(alpha, Tensor):
+            return self.add_(xs, self.mul(ys, alpha))
+        if self.fe:
+            torch._foreach_add_(xs, ys, alpha=alpha)
+        else:
+            for x, y in zip(xs, ys):
+                x.add_(y, alpha=alpha)
+        return xs
+
+    def lerp(self, xs: list[Tensor], ys: list[Tensor], w: float) -> list[Tensor]:
+        if self.fe:
+            return list(torch._foreach_lerp(xs, ys, w))
+        return [torch.lerp(x, y, w) for x, y in zip(xs, ys)]
+
+    def addcmul_(
+        self, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: float
+    ) -> list[Tensor]:
+        if self.fe:
+            torch._foreach_addcmul_(xs, ys, zs, value)
+        else:
+            # not addcmul_: it has no vmap batching rule (a slow fallback and a warning)
+            for x, y, z in zip(xs, ys, zs):
+                x.add_(y * z, alpha=value)
+        return xs
+
+    def addcmul(
+        self, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: float
+    ) -> list[Tensor]:
+        if self.fe:
+            return list(torch._foreach_addcmul(xs, ys, zs, value))
+        return [torch.add(x, y * z, alpha=value) for x, y, z in zip(xs, ys, zs)]
+
+    def addcdiv_(
+        self, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: float
+    ) -> list[Tensor]:
+        if self.fe:
+            torch._foreach_addcdiv_(xs, ys, zs, value)
+        else:
+            for x, y, z in zip(xs, ys, zs):
+                x.add_(y / z, alpha=value)
+        return xs
+
+    def maximum(self, xs: list[Tensor], ys: list[Tensor]) -> list[Tensor]:
+        if self.fe:
+            return list(torch._foreach_maximum(xs, ys))
+        return [torch.maximum(x, y) for x, y in zip(xs, ys)]
+
+
+#: ``math(L, grads, params, buffers, count, hypers) -> (updates, new entries)``
+Math = Callable[
+    [Lists, list[Tensor], "list[Tensor] | None", dict[str, list[Tensor]], Any, dict[str, Any]],
+    tuple[list[Tensor], dict[str, Any]],
+]
+
+
+def build(
+    tag: str,
+    buffers: dict[str, float],
+    hypers: dict[str, Any],
+    needs_params: bool,
+    math: Math,
+    with_step: bool = True,
+) -> GradientTransformation:
+    """A transformation whose state holds ``buffers`` (params-shaped, filled with the given
+    values), the step count (``with_step``) and the tensor ``hypers``; ``math`` computes one
+    step from the leaves (``count`` is ``None`` without a step count)."""
+    assert tag in TAGS, tag
+    tensor_hypers = [n for n, v in hypers.items() if isinstance(v, Tensor)]
+    keys = (*buffers, *(("step",) if with_step else ()), *tensor_hypers)
+    what_init, what_update = f"{tag}.init", f"{tag}.update"
+
+    def init(params: Any) -> Any:
+        ls = float_leaves(params, what_init)
+        bs, dev = params._batch_size, first_device(ls)
+        names = leaf_names(params, what_init) if buffers else []
+        entries: dict[str, Any] = {
+            name: TensorDict(
+                {
+                    n: torch.full_like(p, fill) if fill else torch.zeros_like(p)
+                    for n, p in zip(names, ls)
+                },
+                batch_size=bs,
+            )
+            for name, fill in buffers.items()
+        }
+        if with_step:
+            entries["step"] = step_count(bs, dev)
+        entries.update(hyper_state(hypers, bs, dev, what_init))
+        return make_state(tag, entries, bs)
+
+    def update(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        check_container(grads, what_update)
+        if params is None and needs_params:
+            raise TypeError(E.NEEDS_PARAMS.format(what=what_update))
+        inner = open_state(state, tag, keys, grads, what_update)
+        nodes = [grads, *([] if params is None else [params])]
+        names: list[str] = []
+        lists = zip_leaves(nodes, names) if all(map(is_node, nodes)) else None
+        if lists is None:  # name what differs
+            grads_and_params(grads, params, what_update, needs_params)
+            raise AssertionError("unreachable: the structures differ")  # pragma: no cover
+        ls_g = lists[0]
+        ls_p = None if params is None else lists[1]
+        key = tuple(names)
+        bufs = {name: buffer(inner, name, key, ls_g, what_update) for name in buffers}
+        count = inner._tdf_get("step", None)
+        h = {n: hyper_value(hypers, n, inner, count) for n in hypers}
+        upd, new = math(Lists(ls_g, grads._batch_size), ls_g, ls_p, bufs, count, h)
+        if with_step:
+            new["step"] = count + 1
+        return map_leaves(grads, upd), new_state(state, tag, new)
+
+    return GradientTransformation(init, update)
+
+
+def apply_updates(params: Any, updates: Any) -> Any:
+    """``params + updates``, leaf by leaf, in the params' dtypes (a new container).
+
+    One ``torch._foreach_add`` over all leaves (per leaf under ``torch.vmap``). Raises
+    :class:`tdfunc.StructureError` naming the keys when the structures differ.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> p = tdfunc.TensorDict(w=torch.ones(2, dtype=torch.bfloat16))
+        >>> u = tdfunc.TensorDict(w=torch.full((2,), 0.5, dtype=torch.bfloat16))
+        >>> out = tdfunc.optim.apply_updates(p, u)
+        >>> out["w"].tolist(), out["w"].dtype
+        ([1.5, 1.5], torch.bfloat16)
+    """
+    what = "apply_updates"
+    check_container(params, what)
+    check_container(updates, what)
+    lists = zip_leaves([params, updates])
+    if lists is None:
+        check_same_structure(params, updates, f"{what}: params and updates")
+        raise AssertionError("unreachable: the structures differ")  # pragma: no cover
+    lp, lu = lists
+    if _can_foreach(lp) and _can_foreach(lu) and all(p.shape == u.shape for p, u in zip(lp, lu)):
+        out = list(torch._foreach_add(lp, lu))
+    else:
+        out = [p + u for p, u in zip(lp, lu)]
+    out = [o if o.dtype == p.dtype else o.to(p.dtype) for o, p in zip(out, lp)]
+    return map_leaves(params, out)
+
+
+def set_hyperparams(state: TensorDict, **values: Any) -> TensorDict:
+    """A new state whose tensor hyperparameters named in ``values`` take the given values.
+
+    Every state entry with that name (``lr``, ``weight_decay``...) is replaced, at any depth
+    (a chain holds one per optimizer), keeping its shape and dtype: a number or a 0-d tensor
+    sets every ensemble member, a tensor of the batch size sets one value per member. Only
+    hyperparameters given as tensors when the optimizer was built live in the state; Python
+    numbers are constants of the optimizer. Raises ``KeyError`` for a name not in the state.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> from tdfunc import optim
+        >>> opt = optim.adam(lr=torch.tensor(1e-3))
+        >>> state = opt.init(tdfunc.TensorDict(w=torch.zeros(3)))
+        >>> state = optim.set_hyperparams(state, lr=1e-2)
+        >>> round(float(state["adam", "lr"]), 6)
+        0.01
+    """
+    check_container(state, "set_hyperparams")
+    found: list[tuple[str, ...]] = []
+    _hyper_paths(state, (), found)
+    names = sorted({p[-1] for p in found})
+    for name in values:
+        if name not in names:
+            raise KeyError(E.NO_HYPER.format(name=name, found=names))
+    targets = {p for p in found if p[-1] in values}
+
+    def swap(path: tuple[str, ...], x: Tensor) -> Tensor:
+        if path not in targets:
+            return x
+        v = torch.as_tensor(values[path[-1]], dtype=x.dtype, device=x.device)
+        return torch.broadcast_to(v, x.shape).clone()
+
+    return state.named_apply(swap)
+
+
+#: Tags of every transformation (the top-level key of its state): a constant, so a state
+#: loaded in a fresh process is understood before any optimizer is built.
+TAGS = frozenset(
+    {
+        "sgd",
+        "adam",
+        "adamw",
+        "rmsprop",
+        "adagrad",
+        "lion",
+        "clip_by_global_norm",
+        "add_decayed_weights",
+        "scale",
+        "set_to_zero",
+        "chain",
+        "masked",
+        "multi_transform",
+    }
+)
+
+
+def _hyper_paths(node: Any, prefix: tuple[str, ...], out: list[tuple[str, ...]]) -> None:
+    """Paths of the tensor hyperparameters: direct tensor entries (not ``step``) of the
+    entries of a state node (one key, a transformation's tag); nested states are searched."""
+    keys = node._tdf_keys()
+    if len(keys) == 1 and keys[0] in TAGS:
+        inner = node._tdf_get(keys[0], None)
+        for k, v in zip(inner._tdf_keys(), inner._tdf_children()):
+            if isinstance(v, Tensor):
+                if k != "step":
+                    out.append((*prefix, keys[0], k))
+            elif isinstance(v, TensorDict):
+                _hyper_paths(v, (*prefix, keys[0], k), out)
