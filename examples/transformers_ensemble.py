@@ -64,7 +64,7 @@ def main() -> None:
 
     # 1. parameters as a TensorDict: one leaf per tensor, the tie kept as one value
     params = tdfunc.from_module(members[0])
-    assert "lm_head" not in params.keys()
+    assert "lm_head" not in params
     full = tdfunc.state_dict(members[0], params)
     assert full["lm_head.weight"] is full["transformer.wte.weight"]
     print(

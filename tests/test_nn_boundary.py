@@ -309,3 +309,31 @@ def test_compiled_call_runs_the_same_kernels_as_torch_func() -> None:
     torch.testing.assert_close(ours, theirs)
     assert our_ops == their_ops
     assert our_ops  # the graph did run kernels
+
+
+def test_gpt2_tied_head_trains_as_one_tensor() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8)
+    config.attn_pdrop = config.resid_pdrop = config.embd_pdrop = 0.0
+    torch.manual_seed(0)
+    net = transformers.GPT2LMHeadModel(config)
+    ref = copy.deepcopy(net)
+    params = tdfunc.from_module(net, buffers=False).detach()
+    assert "lm_head" not in params  # the head is the token embedding
+    ids = torch.randint(0, 32, (2, 8))
+
+    def loss(p: tdfunc.TensorDict) -> torch.Tensor:
+        return tdfunc.functional_call(net, p, (ids,), {"labels": ids}).loss
+
+    grads = torch.func.grad(loss)(params)
+    ref(ids, labels=ids).loss.backward()
+    # the embedding's gradient holds both uses (input embedding and output head)
+    torch.testing.assert_close(
+        grads["transformer", "wte", "weight"], ref.transformer.wte.weight.grad, rtol=1e-4, atol=1e-6
+    )
+    new = params - 0.1 * grads
+    full = tdfunc.state_dict(net, new)
+    assert full["lm_head.weight"] is full["transformer.wte.weight"]
+    fresh = transformers.GPT2LMHeadModel(config)
+    fresh.load_state_dict(full)
+    assert fresh.lm_head.weight is fresh.transformer.wte.weight
