@@ -307,6 +307,26 @@ class Container(Node):
         """All tensor leaves, depth first."""
         return leaves(self)
 
+    def to_state_dict(self, sep: str = ".") -> dict[str, Tensor]:
+        """A plain ``dict`` of every tensor leaf under its flat name (the key path joined by
+        ``sep``): what PyTorch APIs that take a state dict expect, e.g.
+        ``module.load_state_dict(params.to_state_dict())``. The tensors are shared, not
+        copied. Parameters from :func:`tdfunc.from_module` hold one leaf per tied tensor: for a
+        module with tied weights, :func:`tdfunc.state_dict` gives every name back. A container
+        is not itself a ``collections.abc.Mapping``: like a tensor, its ``len()`` and
+        iteration follow the first batch dim, not the keys.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> lin = torch.nn.Linear(2, 1)
+            >>> params = tdfunc.from_module(lin).apply(torch.zeros_like)
+            >>> lin.load_state_dict(params.to_state_dict())
+            <All keys matched successfully>
+            >>> lin.weight.sum().item()
+            0.0
+        """
+        return ops.to_state_dict(self, sep)
+
     # ---------------------------------------------------------------- arithmetic
     def __add__(self: T, other: Any) -> T:
         return _binop(operator.add, self, other)

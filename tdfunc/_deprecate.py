@@ -14,11 +14,13 @@ Example:
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import sys
 import types
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 #: old name -> (a function returning the object, the new home to name in the warning)
 Moved = Mapping[str, tuple[Callable[[], Any], str]]
@@ -53,13 +55,56 @@ def module_getattr(module: str, moved: Moved) -> Callable[[str], Any]:
     return __getattr__
 
 
+class _AliasLoader(importlib.abc.Loader):
+    """The loader of a deprecated module path: the module is the one already registered
+    (``importlib.reload`` and ``importlib.util.find_spec`` see a regular module)."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self.module = module
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return self.module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    """Finds the deprecated module paths, so that ``importlib.util.find_spec`` answers for
+    them before their package has been imported too (it then searches the finders)."""
+
+    modules: ClassVar[dict[str, types.ModuleType]] = {}
+
+    @classmethod
+    def find_spec(
+        cls, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        mod = cls.modules.get(fullname)
+        return None if mod is None else mod.__spec__
+
+
 def module_path(name: str, moved: Moved) -> None:
     """Keep ``import name`` / ``from name import x`` working for a module path that is gone.
 
     Registers a module object under ``name`` in ``sys.modules`` whose attributes are the
     deprecated names; it does not bind ``name`` as an attribute of its parent package (so the
-    parent's attribute of the same name, if any, is not shadowed).
+    parent's attribute of the same name, if any, is not shadowed). The module has a proper
+    ``__spec__`` and ``__loader__``, so tools that inspect modules
+    (``importlib.util.find_spec``, ``importlib.reload``, ``pydoc``) accept it.
+
+    Example:
+        >>> import importlib.util, sys
+        >>> module_path("pkg_example_old", {"x": (lambda: 1, "pkg.x")})
+        >>> importlib.util.find_spec("pkg_example_old").name
+        'pkg_example_old'
+        >>> del sys.modules["pkg_example_old"], _AliasFinder.modules["pkg_example_old"]
     """
     mod = types.ModuleType(name, f"Deprecated module path ({', '.join(moved)}).")
     mod.__getattr__ = module_getattr(name, moved)  # type: ignore[method-assign]
+    loader = _AliasLoader(mod)
+    mod.__loader__ = loader
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, loader, origin="deprecated alias")
     sys.modules[name] = mod
+    _AliasFinder.modules[name] = mod
+    if _AliasFinder not in sys.meta_path:
+        sys.meta_path.append(_AliasFinder)

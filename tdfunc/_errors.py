@@ -9,6 +9,10 @@ LEAF_SHAPE = (
     "key {key}: leaf shape {shape} does not start with batch_size {batch_size}; "
     "every leaf must have the batch dims as its leading dims"
 )
+RUNTIME_BATCH_CHECK = (
+    "{where}: the shape does not start with the batch size (a size known only when the "
+    "compiled program runs, checked then)"
+)
 NESTED_SHAPE = "key {key}: nested batch_size {shape} does not start with batch_size {batch_size}"
 BAD_VALUE = (
     "key {key}: cannot store a value of type {typ} in a {cls}; "
@@ -43,7 +47,7 @@ FIXED_FIELDS = (
     "(got {names}). Convert with .to_tensordict() first, or use .replace(...)"
 )
 FLATTEN_COLLISION = (
-    "flatten_keys: the key paths {a} and {b} both become {name!r} with sep={sep!r}; "
+    "{what}: the key paths {a} and {b} both become {name!r} with sep={sep!r}; "
     "rename one of them or use another separator"
 )
 

@@ -118,6 +118,110 @@ def _type_tree(node: Node) -> str:
     return f"{type(node).__name__}({', '.join(inner)}{extra})"
 
 
+def starts_with_batch(
+    shape: Sequence[Any], batch_size: Sequence[Any], where: str | KeyPath
+) -> bool:
+    """Whether ``shape`` starts with ``batch_size``: the check of a user's value against a
+    batch size (constructors, ``set``, ``update``).
+
+    In eager mode the sizes are ints and this is a plain comparison. Under ``torch.compile`` a
+    size may be known only when the program runs (an unbacked size: the batch size after a
+    boolean-mask index, ``nonzero``...). Such a pair cannot be compared while tracing, so
+    it is taken as equal and the compiled program checks it when it runs (``torch._check``:
+    a run-time assertion naming ``where``: a field name, or a key path); a pair known to
+    differ still returns ``False``.
+
+    Example:
+        >>> import torch
+        >>> starts_with_batch(torch.Size([4, 2]), torch.Size([4]), ("x",))
+        True
+        >>> starts_with_batch(torch.Size([3]), torch.Size([4]), ("x",))
+        False
+    """
+    if len(shape) < len(batch_size):
+        return False
+    for s, b in zip(shape, batch_size):
+        if (s == b) is not True:  # a different or a symbolic size
+            return _starts_with_batch_symbolic(shape, batch_size, where)
+    return True
+
+
+def _starts_with_batch_symbolic(
+    shape: Sequence[Any], batch_size: Sequence[Any], where: str | KeyPath
+) -> bool:
+    for s, b in zip(shape, batch_size):
+        eq = s == b
+        if eq is True:
+            continue
+        if eq is False:
+            return False
+        # symbolic sizes: only while tracing, when sympy is loaded anyway
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        if statically_known_true(s != b):
+            return False
+        label = where if isinstance(where, str) else f"key {fmt_key(where)}"
+        msg = E.RUNTIME_BATCH_CHECK.format(where=label)
+        torch._check(eq, lambda msg=msg: msg)  # a message closing over constants only
+    return True
+
+
+def known_equal(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Whether two sizes are equal, for a shortcut that may skip per-value checks: a plain
+    comparison in eager mode; while ``torch.compile`` traces, a pair of sizes known only when
+    the program runs counts as not known to be equal (no data-dependent guard).
+
+    Example:
+        >>> import torch
+        >>> known_equal(torch.Size([4]), (4,)), known_equal(torch.Size([4]), (3,))
+        (True, False)
+    """
+    if len(a) != len(b):
+        return False
+    for s, t in zip(a, b):
+        eq = s == t
+        if eq is True:
+            continue
+        if eq is False:
+            return False
+        # symbolic sizes: only while tracing, when sympy is loaded anyway
+        from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+        if not guard_or_false(eq):
+            return False
+    return True
+
+
+def to_state_dict(node: Node, sep: str = ".") -> dict[str, Tensor]:
+    """Every tensor leaf under a flat name: the key path joined by ``sep`` (through nested
+    TensorDicts and tensorclasses alike; ``None`` fields are skipped). Two paths that give the
+    same name raise ``ValueError`` naming both: no leaf is dropped.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict({"0": {"weight": torch.ones(2)}, "bias": torch.zeros(())})
+        >>> sorted(to_state_dict(td))
+        ['0.weight', 'bias']
+    """
+    out: dict[str, Tensor] = {}
+    origin: dict[str, KeyPath] = {}
+    for path, leaf in leaves_with_paths(node):
+        name = sep.join(path)
+        if name in out:
+            raise ValueError(
+                E.FLATTEN_COLLISION.format(
+                    what="to_state_dict",
+                    a=fmt_key(origin[name]),
+                    b=fmt_key(path),
+                    name=name,
+                    sep=sep,
+                )
+            )
+        out[name] = leaf
+        origin[name] = path
+    return out
+
+
 def check_batch_invariant(
     node: Node, new_leaves: Sequence[Any], batch_size: torch.Size, what: str
 ) -> None:

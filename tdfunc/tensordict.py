@@ -1,4 +1,4 @@
-"""``TensorDict``: an immutable mapping of string keys to tensors with shared batch dims."""
+"""``TensorDict``: an immutable container of tensors under string keys, with shared batch dims."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ KeyLike = str | tuple[str, ...]
 
 
 def _check_prefix(path: KeyPath, shape: torch.Size, batch_size: torch.Size, nested: bool) -> None:
-    bd = len(batch_size)
-    if len(shape) < bd or shape[:bd] != batch_size:
+    if not ops.starts_with_batch(shape, batch_size, path):
         msg = E.NESTED_SHAPE if nested else E.LEAF_SHAPE
         raise ValueError(
             msg.format(key=fmt_key(path), shape=tuple(shape), batch_size=tuple(batch_size))
@@ -35,7 +34,7 @@ def convert_value(
     if isinstance(value, Tensor):
         if device is not None and value.device != device:
             value = value.to(device)
-        if batch_size and value.shape[: len(batch_size)] != batch_size:
+        if batch_size and not ops.starts_with_batch(value.shape, batch_size, path):
             _check_prefix(path, value.shape, batch_size, False)  # raises, naming the key
         return value
     if is_node(value):
@@ -59,12 +58,20 @@ def convert_value(
 
 
 class TensorDict(Container):
-    """An immutable mapping from string keys to tensors (or nested containers) whose leading
+    """An immutable container from string keys to tensors (or nested containers) whose leading
     ``batch_size`` dims are shared by every leaf.
 
     Every operation returns a new ``TensorDict``; the input is never changed. It is a pytree
     node (``torch.utils._pytree`` and optree), so ``torch.compile``, ``torch.vmap`` and
     ``torch.func`` see through it.
+
+    Immutable means the container: its keys, nesting, batch size, device and which tensor is
+    under which key never change. The tensors are ordinary tensors, shared and not copied
+    (results share the leaves they did not compute): a tensor method that writes in place,
+    ``td["a"].add_(1)``, still changes the value every container holding that tensor sees.
+    ``clone()`` gives tensors of its own. It is not a ``collections.abc.Mapping``: like a
+    tensor, ``len()`` and iteration follow the first batch dim; :meth:`to_state_dict` is the
+    plain ``dict`` for PyTorch APIs that take one.
 
     Args:
         source: a mapping of key -> value (tensor, number, numpy array, dict, TensorDict or
@@ -262,7 +269,7 @@ class TensorDict(Container):
         trusted = (
             len(pairs)
             if isinstance(other, TensorDict)
-            and other._batch_size == bs
+            and ops.known_equal(other._batch_size, bs)
             and (dev is None or other._device == dev)
             else 0
         )
@@ -386,7 +393,11 @@ def _flatten_into(
         if name in out:
             raise ValueError(
                 E.FLATTEN_COLLISION.format(
-                    a=fmt_key(origin[name]), b=fmt_key(path), name=name, sep=sep
+                    what="flatten_keys",
+                    a=fmt_key(origin[name]),
+                    b=fmt_key(path),
+                    name=name,
+                    sep=sep,
                 )
             )
         out[name] = v

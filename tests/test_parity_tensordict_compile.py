@@ -546,21 +546,7 @@ def test_export_dynamic_batch_size_multi_dim(strict):
     torch.testing.assert_close(out["y"], out["x"] * 2)
 
 
-@pytest.mark.parametrize(
-    "strict",
-    [
-        True,
-        pytest.param(
-            False,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="non-strict export of functional_call: 'Creating a new Tensor subclass "
-                "_Watched but the raw Tensor object is already associated to a python object of "
-                "type FakeTensor' (tdfunc/nn/_state.py)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("strict", [True, False])
 def test_export_with_stacked_parameters(strict):
     arch = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 5))
     stacked = tdfunc.stack_modules(

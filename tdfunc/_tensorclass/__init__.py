@@ -5,6 +5,6 @@
 * ``_class.py``   the shared base class, the decorator and ``is_tensorclass``
 """
 
-from ._class import is_tensorclass, tensorclass
+from ._class import is_tensorclass, restore, tensorclass
 
-__all__ = ["is_tensorclass", "tensorclass"]
+__all__ = ["is_tensorclass", "restore", "tensorclass"]

@@ -24,7 +24,7 @@ from .. import _errors as E
 from .. import _ops as ops
 from .._base import Container
 from .._keys import as_path, get_path, is_key, missing_message, set_path
-from .._tree import describe_child, is_node, register
+from .._tree import as_batch_size, describe_child, is_node, register
 from ..tensordict import TensorDict
 from . import _codegen as G
 from . import _fields as F
@@ -37,6 +37,7 @@ else:  # pragma: no cover - Python 3.10
 __all__ = ["is_tensorclass", "tensorclass"]
 
 _T = TypeVar("_T", bound=type)
+_I = TypeVar("_I")
 _INITVAR = dataclasses._FIELD_INITVAR  # type: ignore[attr-defined]
 
 
@@ -511,3 +512,65 @@ def is_tensorclass(obj: Any) -> bool:
     return isinstance(obj, _TensorClass) or (
         isinstance(obj, type) and issubclass(obj, _TensorClass) and obj is not _TensorClass
     )
+
+
+def restore(
+    cls: type[_I],
+    fields: Mapping[str, Any],
+    batch_size: Sequence[int] | torch.Size,
+    device: torch.device | str | None,
+) -> _I:
+    """An instance of the tensorclass ``cls`` holding exactly the saved ``fields``.
+
+    What a load (:func:`tdfunc.load`, :func:`tdfunc.load_safetensors`) uses to rebuild a
+    tensorclass: every field is checked like the constructor checks it (batch-size prefix,
+    device, optional / static kinds), but neither a hand-written ``__init__`` nor
+    ``__post_init__`` runs, so a ``__post_init__`` that changes values (normalising, adding
+    an offset, deriving a field) is not applied a second time: the loaded instance equals the
+    saved one. ``InitVar`` pseudo-fields are not stored and are not passed.
+
+    Args:
+        cls: a ``@tensorclass`` type.
+        fields: a value for every field of ``cls`` (data and static), by name.
+        batch_size: the instance's batch size.
+        device: the instance's device, or ``None``.
+
+    Raises:
+        TypeError: a field is missing or unknown, or a value is of the wrong kind.
+        ValueError: a data field does not start with ``batch_size``.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> from tdfunc._tensorclass import restore
+        >>> @tdfunc.tensorclass
+        ... class Scaled:
+        ...     x: torch.Tensor
+        ...     def __post_init__(self):
+        ...         object.__setattr__(self, "x", self.x * 10)
+        >>> s = Scaled(torch.ones(2), batch_size=[2])
+        >>> s.x.tolist(), restore(Scaled, {"x": s.x}, [2], None).x.tolist()
+        ([10.0, 10.0], [10.0, 10.0])
+    """
+    tc: Any = cls
+    if not is_tensorclass(tc):
+        raise TypeError(f"restore expects a @tensorclass type, got {tc!r}")
+    names = tc._tdf_fields
+    for name in fields:
+        if name not in names:
+            G._unknown(tc, " (restore)", {name: fields[name]})
+    bs = as_batch_size(batch_size)
+    dev = G._as_device(device)
+    new = object.__new__(tc)
+    for name in names:
+        if name not in fields:
+            G._missing(tc, name)
+        spec = tc._tdf_specs[name]
+        value = fields[name]
+        if spec is None:
+            value = F.static_value(tc, name, value, tc._tdf_anns[name])
+        else:
+            value = F.child_value(tc, name, value, bs, dev, spec)
+        object.__setattr__(new, name, value)
+    object.__setattr__(new, "_batch_size", bs)
+    object.__setattr__(new, "_device", dev)
+    return new

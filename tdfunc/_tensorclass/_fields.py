@@ -129,7 +129,7 @@ def _expected(spec: ChildSpec) -> str:
 
 def _check_prefix(cls: type, name: str, shape: torch.Size, batch_size: torch.Size) -> None:
     """``ValueError`` naming the field when ``shape`` does not start with ``batch_size``."""
-    if shape[: len(batch_size)] != batch_size:
+    if not ops.starts_with_batch(shape, batch_size, name):
         raise ValueError(
             E.FIELD_SHAPE.format(
                 cls=cls.__name__, name=name, shape=tuple(shape), batch_size=tuple(batch_size)

@@ -48,6 +48,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 from .._keys import fmt_key
+from .._tensorclass import restore
 from .._tree import KeyPath, Node, is_node
 from ..memmap._tensor import (
     MemoryMappedTensor,
@@ -678,8 +679,9 @@ class _Builder:
                 if stat_kw or any(v is None for v in kids.values()):
                     raise TypeError("a TensorDict has no static or None fields")
                 return cls(kids, batch_size=bs, device=device)
-            build: Any = cls  # a tensorclass: its generated, validating constructor
-            return build(**kids, **stat_kw, batch_size=bs, device=device)
+            # a tensorclass: the saved values, checked as the constructor checks them, without
+            # running __init__ / __post_init__ again (as tdfunc.load)
+            return restore(cls, {**kids, **stat_kw}, bs, device)
         except (TypeError, ValueError, KeyError) as e:
             raise self.bad(f"node {where} does not fit {name}: {e}") from None
 

@@ -18,6 +18,13 @@ Read-only means read-only
     segfaults and never changes the file. (tensordict's first version segfaulted on such a
     write; its later version maps read-only files privately and silently drops the write.)
 
+Reads at ``numpy.memmap``'s speed from the first one
+    A call whose ATen schemas write nothing (``sum``, indexing, arithmetic, views) runs
+    directly on the plain mapped tensors, decided in ``__torch_function__``; results that
+    share a leaf's memory are leaves with its mode again. Only other calls reach the per-op
+    check of ``__torch_dispatch__``, whose first use in a process makes torch import
+    ``torch.distributed.tensor`` (~0.7 s): a DataLoader worker's first read no longer pays it.
+
 Compile from the first call, with no global setting
     The leaf is a traceable wrapper subclass: AOTAutograd unwraps it to its plain inner tensor
     at the compile boundary, so the ``eager``, ``aot_eager`` and ``inductor`` backends all

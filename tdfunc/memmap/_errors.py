@@ -65,6 +65,11 @@ NOT_A_STORE_OVERWRITE = (
     "{path!r} exists and is not a tdfunc store (no {manifest}); refusing to replace it "
     "even with overwrite=True. Remove it yourself or choose another path"
 )
+LINK_NOT_A_STORE_OVERWRITE = (
+    "{path!r} is a symbolic link to {target!r}, which is not a tdfunc store (no {manifest}) "
+    "or does not exist; refusing to replace it even with overwrite=True. Point the link to a "
+    "store, remove it yourself or choose another path"
+)
 FILE_TOO_SHORT = (
     "{filename!r} holds {size} bytes, but {need} bytes are needed for shape {shape} of dtype "
     "{dtype} at offset {offset}"

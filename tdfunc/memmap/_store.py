@@ -68,7 +68,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 from .._keys import fmt_key
-from .._tensorclass import is_tensorclass
+from .._tensorclass import is_tensorclass, restore
 from .._tree import KeyPath, Node, is_node
 from . import _errors as E
 from ._tensor import (
@@ -216,6 +216,20 @@ def _is_store_or_empty(path: str) -> bool:
     if os.path.islink(path) or not os.path.isdir(path):
         return False
     return os.path.exists(os.path.join(path, MANIFEST)) or not os.listdir(path)
+
+
+def _resolve_link(path: str, overwrite: bool) -> str:
+    """The path a save writes to: ``path`` itself, or, for ``overwrite=True`` and a symbolic
+    link to a store (or an empty directory), the store the link points to (the link is kept
+    and then points to the new store). A link to anything else is refused, naming both."""
+    if not (overwrite and os.path.islink(path)):
+        return path
+    target = os.path.realpath(path)
+    if not _is_store_or_empty(target):
+        raise FileExistsError(
+            E.LINK_NOT_A_STORE_OVERWRITE.format(path=path, target=target, manifest=MANIFEST)
+        )
+    return target
 
 
 def _check_target(path: str, overwrite: bool) -> None:
@@ -408,7 +422,7 @@ def _write_store(
     node: Any, path: str | os.PathLike[str], overwrite: bool, progress: bool | None, fill: bool
 ) -> str:
     manifest, layout = _plan(node)
-    path = os.path.abspath(os.fspath(path))
+    path = _resolve_link(os.path.abspath(os.fspath(path)), overwrite)
     _check_target(path, overwrite)
     parent, name = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
@@ -465,7 +479,8 @@ def save(
         td: a TensorDict or tensorclass instance (leaves on any device; data only, no grads).
         path: the store directory to create.
         overwrite: replace an existing store at ``path`` (``FileExistsError`` otherwise).
-            Only a store or an empty directory is ever replaced.
+            Only a store or an empty directory is ever replaced. When ``path`` is a symbolic
+            link to a store, the store it points to is replaced and the link kept.
         progress: ``True``/``False`` forces the tqdm progress bar on/off; ``None`` shows it
             for saves of 1 GiB or more when stdout is a terminal (and tqdm is installed).
 
@@ -650,7 +665,10 @@ class _Reader:
         device: str | None,
         path: KeyPath,
     ) -> Any:
-        """The node, built by name through the class's own validating constructor."""
+        """The node, built by name: a TensorDict through its validating constructor, a
+        tensorclass with :func:`tdfunc._tensorclass.restore` (every field checked like the
+        constructor checks it; ``__post_init__`` is not run again, so the loaded values are
+        the saved ones)."""
         tc = is_tensorclass(cls)
         if tc:  # children and static fields must match the class's fields by name
             tc_cls: Any = cls  # a tensorclass type: its field tables are class attributes
@@ -668,8 +686,8 @@ class _Reader:
             if any(v is None for v in kids.values()):
                 raise self.corrupt(f"node {_where(path)} of type {name} has a 'none' child")
         try:
-            if tc:
-                return cls(**kids, **static, batch_size=bs, device=device)
+            if tc:  # the saved values, checked; __post_init__ does not run again
+                return restore(cls, {**kids, **static}, bs, device)
             return cls(kids, batch_size=bs, device=device)
         except (TypeError, ValueError, KeyError) as e:
             raise self.corrupt(f"node {_where(path)} does not fit {name}: {e}") from None
@@ -854,6 +872,10 @@ def load(path: str | os.PathLike[str], *, mode: str = "r") -> Any:
 
     Returns:
         The saved TensorDict / tensorclass with :class:`MemoryMappedTensor` leaves on the CPU.
+        A tensorclass gets back exactly the field values that were saved: each is checked
+        like the constructor checks it, but ``__init__`` and ``__post_init__`` do not run
+        again (a ``__post_init__`` that changes values already did when the saved instance
+        was made).
 
     Raises:
         FileNotFoundError: no store (or no data file) at ``path``.

@@ -22,6 +22,27 @@ Two independent layers, so that no code path can change the file or crash the pr
    numpy itself refuses the write. (A shared read-only ``PROT_READ`` mapping, as ``numpy.memmap``
    and an early tensordict used, segfaults on such writes.)
 
+Reads without ``__torch_dispatch__``
+-----------------------------------
+torch imports ``torch.distributed.tensor`` (about 0.7 s, sympy included) the first time any
+op is dispatched to a Python ``__torch_dispatch__`` in a process: before calling the handler,
+its C++ dispatcher (``dispatch_on_subclass`` in ``python_arg_parser.cpp``) asks whether the
+argument is a ``DTensor``, and looking up that class imports it. Every new process (each
+DataLoader worker) paid it on its first read of a leaf, whatever the size. So a call first
+meets ``MemoryMappedTensor.__torch_function__``, which decides from the ATen schemas alone
+(no list of method names): a C binding of an ATen op none of whose overloads writes an input
+(``sum``, ``x[i]``, ``x + 1``, ``view``, ``index_select``, ``torch.stack``...) and passed no
+``out=`` argument runs directly on the plain mapped tensors, no Python dispatch involved; a
+result that shares memory with a leaf (``torch._C._is_alias_of``: a view, or the mapped tensor
+itself, as ``x.to(x.dtype)`` returns) is wrapped again as a leaf with that leaf's file and mode,
+so a write through it is refused as before. Everything else (in-place and ``out=`` calls,
+Python-level functions such as ``torch.nn.init.normal_`` or ``F.relu(x, inplace=True)``, names
+that are not ATen ops such as ``__setitem__``) goes on to ``__torch_dispatch__`` and its per-op
+check below. While ``torch.compile`` traces, the leaves hold fake or functional tensors and
+every call takes the checked way, as before. A fresh process thus reads a store at
+``numpy.memmap``'s speed (``compile_benchmarks/test_bench_memmap.py``,
+``memmap_first_read_fresh``).
+
 The refusal is raised by a tiny custom op, ``tdfunc::refuse_write``, registered as an *ordered
 effect*. In eager mode it raises at once. Under ``torch.compile`` it is recorded in the graph
 (its fake kernel does nothing), kept by dead-code elimination and ordered before the write, so
@@ -74,6 +95,7 @@ import secrets
 import stat
 import sys
 from collections.abc import Sequence
+from types import BuiltinFunctionType, MethodDescriptorType, WrapperDescriptorType
 from typing import Any, cast
 
 import numpy as np
@@ -246,6 +268,127 @@ def _result(out: Any, ret: tuple[int, int, str], args: tuple[Any, ...], kw: dict
     return _rewrap(out, src) if isinstance(src, MemoryMappedTensor) else out
 
 
+# --------------------------------------------------------------------------------------
+# reads without __torch_dispatch__
+# --------------------------------------------------------------------------------------
+#: Python operators whose name is not an ATen op name, and the ATen op each one calls (none of
+#: them writes its operands; ``x[i]`` reads, ``x[i] = v`` is ``__setitem__``, not listed)
+_OPERATORS = {
+    "__add__": "add",
+    "__radd__": "add",
+    "__sub__": "sub",
+    "__rsub__": "rsub",
+    "__mul__": "mul",
+    "__rmul__": "mul",
+    "__truediv__": "div",
+    "__rtruediv__": "div",
+    "__floordiv__": "floor_divide",
+    "__rfloordiv__": "floor_divide",
+    "__mod__": "remainder",
+    "__rmod__": "remainder",
+    "__pow__": "pow",
+    "__rpow__": "pow",
+    "__matmul__": "matmul",
+    "__rmatmul__": "matmul",
+    "__neg__": "neg",
+    "__pos__": "positive",
+    "__abs__": "abs",
+    "__invert__": "bitwise_not",
+    "__eq__": "eq",
+    "__ne__": "ne",
+    "__lt__": "lt",
+    "__le__": "le",
+    "__gt__": "gt",
+    "__ge__": "ge",
+    "__getitem__": "index",
+}
+#: metadata properties, answered from the mapped tensor (the same sizes, strides, dtype and
+#: device as the leaf); ``_version``, ``grad``, ``requires_grad``... stay the leaf's own
+_METADATA = frozenset(
+    {
+        *("shape", "dtype", "device", "ndim", "layout", "is_cpu", "is_cuda", "is_meta"),
+        *("size", "stride", "dim", "numel", "storage_offset", "is_contiguous", "element_size"),
+    }
+)
+_BUILTINS = (BuiltinFunctionType, MethodDescriptorType, WrapperDescriptorType)
+#: how a call is run: on the mapped tensors (``_READ``), or through ``__torch_dispatch__``
+#: with its per-op schema check (``_CHECKED``); a metadata property: ``_META``
+_CHECKED, _READ, _META = 0, 1, 2
+#: per torch function: ``(how, names of out= arguments)``
+_KINDS: dict[Any, tuple[int, frozenset[str]]] = {}
+
+
+def _kind(func: Any) -> tuple[int, frozenset[str]]:
+    """How to run ``func`` on leaves. A C binding of an ATen op none of whose overloads
+    writes an input is a read, unless the call passes an ``out=`` argument (the schemas say
+    which arguments are outputs). Python functions (``torch.nn.init.normal_``,
+    ``torch.nn.functional.relu(x, inplace=True)``...) and names that are not ATen ops
+    (``__setitem__``, ``__iadd__``...) are checked op by op in ``__torch_dispatch__``."""
+    kind = _KINDS.get(func)
+    if kind is not None:
+        return kind
+    kind = (_CHECKED, frozenset())
+    name = getattr(func, "__name__", "")
+    owner = getattr(func, "__self__", None) if name == "__get__" else func
+    if getattr(owner, "__objclass__", None) is torch._C.TensorBase and (
+        getattr(owner, "__name__", "") in _METADATA
+    ):
+        kind = (_META, frozenset())
+    elif isinstance(func, _BUILTINS):
+        name = _OPERATORS.get(name, name)
+        packet = None if name.startswith("__") else getattr(torch.ops.aten, name, None)
+        if isinstance(packet, torch._ops.OpOverloadPacket):
+            schemas = [getattr(packet, o)._schema for o in packet.overloads()]
+            args = [a for s in schemas for a in s.arguments]
+            if not any(
+                a.alias_info is not None and a.alias_info.is_write and not a.is_out for a in args
+            ):
+                kind = (_READ, frozenset({"out", *(a.name for a in args if a.is_out)}))
+    _KINDS[func] = kind
+    return kind
+
+
+def _mapped(x: Any) -> Tensor | None:
+    """The plain tensor over real mapped memory behind leaf ``x`` (``None`` for a fake or
+    functional tensor made while ``torch.compile`` traces: such calls go the checked way)."""
+    t = x._inner
+    if (
+        type(t) is not Tensor
+        or torch._is_functional_tensor(t)
+        or torch._C._functorch.is_functorch_wrapped_tensor(t)
+    ):
+        return None
+    return t
+
+
+def _plain_args(x: Any, leaves: list[tuple[Tensor | None, MemoryMappedTensor]]) -> Any:
+    """``x`` with every leaf replaced by its mapped tensor; each leaf met is recorded in
+    ``leaves`` as ``(mapped tensor or None, leaf)``."""
+    if isinstance(x, MemoryMappedTensor):
+        t = _mapped(x)
+        leaves.append((t, x))
+        return x if t is None else t
+    if isinstance(x, (list, tuple)):
+        return type(x)(_plain_args(v, leaves) for v in x)
+    return x
+
+
+def _rewrap_aliases(out: Any, leaves: list[tuple[Tensor | None, MemoryMappedTensor]]) -> Any:
+    """``out`` with every tensor that shares memory with a leaf (a view, or the mapped tensor
+    itself) wrapped again as a leaf with that leaf's file and mode; other results are plain."""
+    if type(out) is Tensor:
+        if out.layout == torch.strided:
+            for t, leaf in leaves:
+                if t is not None and torch._C._is_alias_of(out, t):  # type: ignore[attr-defined]
+                    return _rewrap(out, leaf)
+        return out
+    if isinstance(out, (list, tuple)) and not isinstance(out, torch.Size):
+        new = [_rewrap_aliases(v, leaves) for v in out]
+        if any(n is not v for n, v in zip(new, out)):
+            return type(out)(new)  # list, tuple, or a torch.return_types structseq
+    return out
+
+
 class MemoryMappedTensor(Tensor):
     """A tensor backed by a file, with its ``filename`` and ``mode`` as part of the leaf.
 
@@ -283,9 +426,41 @@ class MemoryMappedTensor(Tensor):
     _ident: tuple[Any, ...] | None
     _storage: torch.UntypedStorage | None
 
-    # torch's stubs type Tensor.__torch_function__ as a method, not as the documented
-    # ``_disabled_torch_function_impl`` switch
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        """Run a call that cannot write directly on the mapped tensors; send every other call
+        on to :meth:`__torch_dispatch__`, which checks each ATen op against its schema (see
+        "Reads without ``__torch_dispatch__``" in the module docstring)."""
+        kind, outs = _KINDS.get(func) or _kind(func)
+        if kind == _META and type(args[0]) is MemoryMappedTensor:
+            # the same sizes, strides, dtype and device as the leaf's own (a fake inner tensor
+            # of a traced leaf is a subclass: it takes the checked way)
+            t = args[0]._inner
+            if type(t) is Tensor:
+                return func(t, *args[1:], **kwargs) if kwargs else func(t, *args[1:])
+        others = [t for t in types if not issubclass(cls, t)]
+        for t in others:
+            if not issubclass(t, Tensor):
+                return NotImplemented  # e.g. a TensorDict operand: its own handler runs
+        kw = kwargs or {}
+        if kind == _READ and not (kw and outs & kw.keys()):
+            leaves: list[tuple[Tensor | None, MemoryMappedTensor]] = []
+            plain = [_plain_args(a, leaves) for a in args]
+            plain_kw = {k: _plain_args(v, leaves) for k, v in kw.items()} if kw else kw
+            if leaves and all(t is not None for t, _ in leaves):
+                return _rewrap_aliases(func(*plain, **plain_kw), leaves)
+        for t in others:  # other tensor subclasses handle the call as if leaves were plain
+            out = t.__torch_function__(func, others, args, kw)
+            if out is not NotImplemented:
+                return out
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kw)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> MemoryMappedTensor:
         raise TypeError(E.NO_CONSTRUCTOR)
