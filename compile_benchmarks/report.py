@@ -615,6 +615,45 @@ def replay_section(res: Results) -> list[str]:
     ]
 
 
+def paired_section(res: Results) -> list[str]:
+    """Rows measured in paired rounds (``compile_benchmarks/paired.py``): ratio and A/A control.
+
+    Example:
+        >>> paired_section(Results({}, {}, {}, {}))
+        []
+    """
+    body = []
+    for (cat, workload, mode), group in sorted(res.rows.items()):
+        for name in contender_order(group):
+            info = group[name].info
+            if "ratio" not in info or "aa" not in info:
+                continue
+            target = info.get("target")
+            met = "" if target is None else ("✓" if info["ratio"] <= target else MISS)
+            body.append(
+                [
+                    cat,
+                    workload,
+                    mode,
+                    f"{name} / {info.get('against', '?')}",
+                    f"{info['ratio']:.2f} [{info['ratio_min']:.2f}-{info['ratio_max']:.2f}]",
+                    f"{info['aa']:.2f} [{info['aa_min']:.2f}-{info['aa_max']:.2f}]",
+                    "" if target is None else f"<= {target} {met}",
+                ]
+            )
+    if not body:
+        return []
+    return [
+        "### Paired rounds — ratio and A/A control",
+        "",
+        "Median of the per-round ratios `[min-max]` (A then B, order alternating); the A/A "
+        "control is the same contender against an independent copy of itself.",
+        "",
+        *_table(["category", "workload", "mode", "ratio of", "ratio", "A/A", "target"], body),
+        "",
+    ]
+
+
 def machine_section(res: Results) -> list[str]:
     """Machine, versions and harness settings."""
     m = res.meta
@@ -700,6 +739,7 @@ def render(res: Results, chart: str | None = None, title: str = "tdfunc benchmar
         "",
         *timing,
         *replay_section(res),
+        *paired_section(res),
         *comp,
     ]
     lines += [*suspect_section(res)]
