@@ -195,21 +195,30 @@ def test_launcher_reports_a_result_that_cannot_travel() -> None:
 # --------------------------------------------------------------------------------------
 def test_public_api_is_the_operations() -> None:
     assert sorted(tdd.__all__) == [
+        "CheckpointConflictError",
+        "CheckpointCorruptError",
+        "CheckpointError",
         "DEFAULT_BACKEND",
         "DEFAULT_TIMEOUT",
+        "PendingSave",
         "Traffic",
         "Transfer",
         "TransferPlan",
         "cache_clear",
         "distribute",
+        "export_safetensors",
         "from_local",
         "full_tensor",
+        "load_checkpoint",
         "recv",
         "redistribute",
+        "save_checkpoint",
         "send",
         "to_local",
         "transfer_plan",
     ]
+    for name in tdd.__all__:  # every public name is importable from the package itself
+        assert getattr(tdd, name) is not None
     assert tdd.DEFAULT_TIMEOUT == 120.0
 
 

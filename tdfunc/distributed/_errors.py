@@ -146,6 +146,11 @@ PLAN_STEP_LAYOUT = (
     "rank {rank}: the container differs from the one the transfer was planned for in the "
     "{what}; build a new Transfer for a new layout"
 )
+PLAN_PARTIAL_DTYPE = (
+    "rank {rank}: key {key}: a Partial({op}) source is all-reduced on the sending mesh, "
+    "which the {backend} backend cannot do for {dtype}; cast the leaf (e.g. to "
+    "torch.int32) or redistribute it to Replicate() before the transfer"
+)
 PLAN_STRATEGY = (
     "strategy {strategy!r} sends to one rank (pass dst as an int); a receiving mesh takes "
     "strategy 'plan' or 'auto'"
@@ -200,3 +205,70 @@ RANK_TIMEOUT = (
 )
 RANK_OTHERS = "failed after it: {ranks}"
 RANK_KILLED = "still running, killed: ranks {ranks}"
+
+# --------------------------------------------------------------------------------------
+# checkpoints (save_checkpoint / load_checkpoint)
+# --------------------------------------------------------------------------------------
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be saved or loaded (the message names the rank and the cause)."""
+
+
+class CheckpointCorruptError(CheckpointError, ValueError):
+    """A checkpoint's files do not match what its manifest records (the message names the
+    file): missing, truncated, flipped bytes, or not a checkpoint at all."""
+
+
+class CheckpointConflictError(CheckpointError):
+    """Another save committed to the same path while this one was writing; this one lost."""
+
+
+CKPT_NOT_FOUND = "no checkpoint at {path}: {file} does not exist"
+CKPT_CORRUPT = "checkpoint {path}: file {file} is corrupt: {detail}"
+CKPT_NOT_TARGET = (
+    "save_checkpoint: {path} exists and is not a checkpoint (no {pointer}); "
+    "choose an empty or new directory"
+)
+CKPT_KEY_COLLISION = (
+    "save_checkpoint: the key paths {a} and {b} both become the checkpoint name {name!r}; "
+    "rename one of them"
+)
+CKPT_PARTIAL = (
+    "key {key}: a Partial({op}) DTensor cannot be saved to or loaded from a checkpoint: its "
+    "value is split over the ranks; use Replicate() or Shard(d) (redistribute it first)"
+)
+CKPT_LEAF_TYPE = "key {key}: a checkpoint leaf must be a tensor, got {typ}"
+CKPT_SHAPE = (
+    "load_checkpoint: key {key}: the checkpoint holds {what} {saved}, `like` has {wanted}; "
+    "pass a `like` of the saved structure"
+)
+CKPT_BATCH = (
+    "load_checkpoint: node {key}: the checkpoint's batch size is {saved}, `like` has "
+    "{wanted}; pass a `like` of the saved structure"
+)
+CKPT_REJECTED = (
+    "{op}: rank(s) {ranks} rejected the call (its own error says why); no rank wrote or "
+    "read any data"
+)
+CKPT_DISAGREE = (
+    "{op}: the ranks do not agree on {what} (rank(s) {ranks} differ from rank {first}); "
+    "every rank must pass the same path and a container of the same structure"
+)
+CKPT_FAILED = "{op}: torch.distributed.checkpoint failed on rank(s) {ranks}: {reason}"
+CKPT_CONFLICT = (
+    "save_checkpoint: another save committed to {path} while this one was writing (the "
+    "checkpoint now holds version {now}, this save started from {base}); this save was "
+    "discarded"
+)
+CKPT_ASYNC_GROUP = (
+    "save_checkpoint(async_save=True) runs its collectives in a background thread: pass "
+    "group= a process group that nothing else uses meanwhile (e.g. "
+    "dist.new_group(backend='gloo'), created once)"
+)
+CKPT_EXISTS_SAVE = "save_checkpoint: {path} holds a checkpoint; pass overwrite=True to replace it"
+CKPT_UNKNOWN_TYPE = (
+    "load_checkpoint: the checkpoint holds a container of type {name!r}, which is not "
+    "registered in this process; import the module that defines it first"
+)
+CKPT_EXISTS = "export_safetensors: {file} exists; pass overwrite=True to replace it"

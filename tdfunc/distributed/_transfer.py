@@ -413,14 +413,15 @@ def receive(link: Peer, mesh: DeviceMesh | None, placements: Any) -> Incoming:
     return Incoming(meta, tensors)
 
 
-def check_tree_types(tree: Any) -> None:
-    """``ValueError`` if the metadata names a container type unknown in this process."""
+def check_tree_types(tree: Any, message: str = E.UNKNOWN_NODE_TYPE) -> None:
+    """``ValueError`` (``message`` with the type's ``name``) if the metadata names a
+    container type unknown in this process."""
     stack = [tree[1] if isinstance(tree, list) else tree]
     while stack:
         node = stack.pop()
         name = node.get("type")
         if name is not None and name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
-            raise ValueError(E.UNKNOWN_NODE_TYPE.format(name=name))
+            raise ValueError(message.format(name=name))
         stack.extend(node.get("children_spec", []))
 
 

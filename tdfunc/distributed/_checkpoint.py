@@ -1,0 +1,519 @@
+"""Checkpoints of sharded containers on ``torch.distributed.checkpoint`` (DCP).
+
+DCP does the heavy lifting: every rank writes only its own shards, in parallel; replicated
+tensors (plain leaves, ``Replicate()`` DTensors) are written once; a load reshards to whatever
+layout the loading job asks for, each rank reading only the pieces it needs. What this module
+adds around it, and why:
+
+Structure
+    DCP stores a flat dict of tensors. The container's structure (key paths, node types,
+    batch sizes, tensorclass static fields: its pytree spec as JSON) and every leaf's global
+    shape, dtype and saved placements go into ``manifest.json``. A load checks ``like``
+    against it (``KeysDifferError`` / ``NodeTypesDifferError`` / ``ValueError`` naming the
+    key) before any data is read, and ``like=None`` rebuilds the saved container with full
+    plain tensors (one process, no process group: inspection and export).
+
+Checksums
+    DCP has none: a data file with flipped bytes loads without complaint. Each item DCP
+    writes is a ``torch.save`` zip archive, whose writer already computes a CRC-32 of every
+    record (its reader never checks them); right after writing, each rank reads the
+    archives' central directories (a few hundred bytes each) and the manifest records those
+    CRCs, so saving costs no second pass over the data. (With CRCs turned off in
+    ``torch.serialization``, the rank computes a CRC-32 of each item's bytes instead.) The
+    manifest also records the SHA-256 and size of DCP's ``.metadata`` (a pickle: checked
+    before it is unpickled) and the size of every data file. A load stats every file first
+    (missing or truncated files fail before any collective) and checks every record of each
+    item it reads against the manifest (:class:`CheckpointCorruptError` naming the file).
+    The checksums detect corruption, not tampering: a checkpoint is trusted like the
+    filesystem it lives on.
+
+Atomic commit
+    DCP writes straight into its target folder, so a save writes a fresh version folder::
+
+        path/
+          checkpoint.json     {"format": "tdfunc.checkpoint", "version": 1,
+                               "dir": "v-<16 hex>", "manifest_sha256": "..."}
+          v-<16 hex>/         DCP's files (__<rank>_0.distcp, .metadata) + manifest.json
+
+    and only when every rank has written and fsync-ed its files (DCP's final step, on the
+    coordinator) does ``checkpoint.json`` switch to it, by ``os.replace`` of a fsync-ed file.
+    A save killed at any point leaves ``checkpoint.json`` on the previous complete version;
+    its half-written folder is removed by the next successful save. Under a file lock, the
+    commit also checks that no other save committed meanwhile (compare-and-swap): of two
+    concurrent saves to one path, the later commit fails with
+    :class:`CheckpointConflictError`. The previous version is deleted after the switch: a
+    load pins the version ``checkpoint.json`` names when it starts, so a load that overlaps
+    the next commit fails with :class:`CheckpointCorruptError` (a file is missing), never
+    with data of two versions.
+
+Errors on every rank, never a hang
+    Before any data moves, the ranks exchange a status and a digest of what they save or load
+    (one small ``all_gather``): a rank that rejects its arguments, or ranks that pass different
+    structures or paths, make every rank raise. Failures inside DCP (raised there as
+    ``CheckpointException``, a ``BaseException``) reach every rank through DCP's own
+    collectives and are converted to :class:`CheckpointError` (or the typed error a rank
+    raised, e.g. :class:`CheckpointCorruptError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import warnings
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future as PyFuture
+from contextlib import contextmanager
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.utils._pytree as pytree
+from torch import Tensor
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.tensor import DTensor, Partial
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from .._keys import fmt_key
+from .._ops import check_same_structure
+from .._tree import KeyPath, Node, leaves_with_paths, map_leaves
+from . import _errors as E
+from . import _transfer as wire
+from ._ckpt_store import (
+    Manifest,
+    Reader,
+    Writer,
+    check_target,
+)
+from ._mesh import check_node
+from ._placements import encode_placements
+
+_OK, _REJECTED = 0, 1
+
+#: the save started with ``async_save=True`` that has not been waited for yet (at most one:
+#: every save and load waits for it first, so their collectives never interleave)
+_pending: list[PendingSave] = []
+
+
+# --------------------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------------------
+def _digest(obj: Any) -> int:
+    raw = hashlib.blake2b(json.dumps(obj, sort_keys=True).encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "little", signed=True)
+
+
+def _exchange(group: Any, values: Sequence[int]) -> list[list[int]]:
+    """Every rank's ``values`` (one ``all_gather`` of a few int64s)."""
+    device = wire.comm_device(group)
+    mine = torch.tensor(list(values), dtype=torch.int64, device=device)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, mine, group=group)
+    return [t.tolist() for t in out]
+
+
+def _agree(op: str, group: Any, error: BaseException | None, digest: int, what: str) -> int:
+    """Status and digest of every rank; raise on every rank if one rejected its arguments or
+    the digests differ. Returns the first rank's third value (the save's nonce)."""
+    nonce = secrets.randbits(63)
+    rows = _exchange(group, [_OK if error is None else _REJECTED, digest, nonce])
+    if error is not None:
+        raise error
+    bad = [r for r, row in enumerate(rows) if row[0] != _OK]
+    if bad:
+        raise ValueError(E.CKPT_REJECTED.format(op=op, ranks=bad))
+    differ = [r for r, row in enumerate(rows) if row[1] != rows[0][1]]
+    if differ:
+        raise ValueError(E.CKPT_DISAGREE.format(op=op, what=what, ranks=differ, first=0))
+    return rows[0][2]
+
+
+def _convert(e: CheckpointException, op: str) -> Exception:
+    """A typed error for DCP's ``CheckpointException`` (the same on every rank)."""
+    failures = e.failures
+    ranks = sorted(failures)
+    first = failures[ranks[0]][0] if ranks else e
+    if isinstance(first, E.CheckpointError):
+        return type(first)(str(first))
+    reason = f"{type(first).__name__}: {first}"
+    return E.CheckpointError(E.CKPT_FAILED.format(op=op, ranks=ranks, reason=reason))
+
+
+def _group() -> Any:
+    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+
+
+@contextmanager
+def _alone(pg: Any) -> Iterator[None]:
+    """DCP warns when it runs without a process group; here that is what was asked for."""
+    with warnings.catch_warnings():
+        if pg is None:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _wait_pending() -> None:
+    while _pending:
+        _pending.pop().result()
+
+
+# --------------------------------------------------------------------------------------
+# what a container becomes in DCP
+# --------------------------------------------------------------------------------------
+def _plain(path: KeyPath, x: Any) -> Tensor:
+    """The tensor DCP stores for leaf ``x``: DTensors and plain tensors as they are; a
+    tensor subclass wrapping one plain tensor (a memory-mapped leaf) as that tensor (DCP
+    cannot load such a subclass back)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(E.CKPT_LEAF_TYPE.format(key=fmt_key(path), typ=type(x).__name__))
+    if type(x) is Tensor or isinstance(x, DTensor):
+        return x
+    if is_traceable_wrapper_subclass(x):
+        attrs, _ = x.__tensor_flatten__()
+        if len(attrs) == 1:
+            inner = getattr(x, attrs[0])
+            if type(inner) is Tensor and inner.shape == x.shape and inner.dtype == x.dtype:
+                return inner
+    plain = x.detach().clone()
+    if type(plain) is not Tensor:
+        raise TypeError(E.CKPT_LEAF_TYPE.format(key=fmt_key(path), typ=type(x).__name__))
+    return plain
+
+
+def _describe(td: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """The manifest's structure part and DCP's flat state dict for ``td``."""
+    check_node(td, "save_checkpoint")
+    _, spec = pytree.tree_flatten(td)
+    leaves: list[dict[str, Any]] = []
+    state: dict[str, Tensor] = {}
+    owner: dict[str, KeyPath] = {}
+    for path, x in leaves_with_paths(td):
+        t = _plain(path, x)
+        name = ".".join(path)
+        if name in owner:
+            raise ValueError(
+                E.CKPT_KEY_COLLISION.format(a=fmt_key(owner[name]), b=fmt_key(path), name=name)
+            )
+        owner[name] = path
+        entry: dict[str, Any] = {
+            "path": list(path),
+            "name": name,
+            "dtype": wire.dtype_name(t.dtype),
+            "shape": list(t.shape),
+        }
+        if isinstance(t, DTensor):
+            for p in t.placements:
+                if isinstance(p, Partial):
+                    raise ValueError(E.CKPT_PARTIAL.format(key=fmt_key(path), op=p.reduce_op))
+            entry["placements"] = encode_placements(t.placements, path)
+            entry["mesh_shape"] = list(t.device_mesh.shape)
+        leaves.append(entry)
+        state[name] = t.detach()
+    body = {"tree": json.loads(pytree.treespec_dumps(spec)), "leaves": leaves}
+    return body, state
+
+
+class PendingSave:
+    """A checkpoint being written in the background (returned by
+    ``save_checkpoint(..., async_save=True)``).
+
+    Example:
+        >>> import os, tempfile, torch, torch.distributed as dist, tdfunc
+        >>> from tdfunc.distributed import save_checkpoint
+        >>> _ = dist.is_initialized() or dist.init_process_group(
+        ...     "gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+        >>> td = tdfunc.TensorDict(x=torch.arange(3.0))
+        >>> job = save_checkpoint(os.path.join(tempfile.mkdtemp(), "ck"), td, async_save=True)
+        >>> job.result()  # waits; raises the save's error if it failed
+        >>> job.done()
+        True
+    """
+
+    def __init__(self, fut: PyFuture[Any]) -> None:
+        self._fut = fut
+
+    def done(self) -> bool:
+        """Whether the save has finished (committed or failed)."""
+        return self._fut.done()
+
+    def result(self, timeout: float | None = None) -> None:
+        """Wait until the checkpoint is committed; raise its error if it failed.
+
+        Raises:
+            CheckpointError: the save failed (:class:`CheckpointConflictError`: another save
+                committed first); ``TimeoutError``: not finished within ``timeout`` seconds.
+        """
+        if self in _pending:
+            _pending.remove(self)
+        try:
+            self._fut.result(timeout)
+        except CheckpointException as e:
+            raise _convert(e, "save_checkpoint") from None
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    td: Any,
+    *,
+    overwrite: bool = False,
+    group: Any = None,
+    async_save: bool = False,
+) -> PendingSave | None:
+    """Save a TensorDict or tensorclass (DTensor, plain and memory-mapped leaves) as a
+    ``torch.distributed.checkpoint`` checkpoint, committed atomically.
+
+    Every rank of ``group`` calls it with the same ``path`` and a container of the same
+    structure. Each rank writes only its own shards; replicated leaves (plain tensors,
+    ``Replicate()`` placements) are written once (a plain leaf must hold the same values on
+    every rank). A memory-mapped leaf is saved as its plain data. The container's structure
+    and per-item checksums go into the checkpoint; ``checkpoint.json`` switches to the new
+    version only when everything is written, so a save that dies midway leaves the previous
+    checkpoint at ``path`` intact. Without a process group, one process saves alone.
+
+    Args:
+        path: the checkpoint directory (created if needed).
+        td: the container. DTensor leaves may use any ``Shard`` / ``Replicate`` placements
+            on 1-D or 2-D meshes, uneven shards included; ``Partial`` is refused.
+        overwrite: replace a checkpoint already at ``path`` (atomically: a load sees the
+            old or the new one); without it, an existing checkpoint is an error.
+        group: the process group of the save (default: the world).
+        async_save: return while the data is written (after a copy of the local data is
+            taken): a :class:`PendingSave`. The next save or load waits for it (and raises
+            its error if it failed and nobody called ``result()``). Its collectives run in
+            a background thread, so with several ranks pass a ``group`` that nothing else
+            uses meanwhile.
+
+    Returns:
+        None, or the :class:`PendingSave` of an asynchronous save.
+
+    Raises:
+        ValueError: a ``Partial`` leaf, two key paths with the same checkpoint name, a
+            ``path`` that holds something else than a checkpoint, ranks that pass different
+            structures (raised on every rank before any data is written; a rank that
+            rejects its own arguments raises its own error, the others ``ValueError``).
+        FileExistsError: a checkpoint is at ``path`` and ``overwrite`` is False.
+        TypeError: a leaf that is not a tensor.
+        CheckpointError: the save failed on some rank (raised on every rank; the previous
+            checkpoint stays); :class:`CheckpointConflictError`: another save committed to
+            ``path`` meanwhile.
+
+    Example:
+        >>> import os, tempfile, torch, torch.distributed as dist, tdfunc
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from torch.distributed.tensor import Shard
+        >>> from tdfunc.distributed import distribute, save_checkpoint, load_checkpoint
+        >>> _ = dist.is_initialized() or dist.init_process_group(
+        ...     "gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+        >>> mesh = init_device_mesh("cpu", (1,))
+        >>> td = tdfunc.TensorDict(w=torch.arange(6.0).reshape(3, 2), b=torch.ones(3),
+        ...                        batch_size=[3])
+        >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
+        >>> save_checkpoint(path, distribute(td, mesh, {"w": [Shard(0)]}))
+        >>> load_checkpoint(path)["w"][2].tolist()        # full plain tensors
+        [4.0, 5.0]
+    """
+    _wait_pending()
+    root = os.path.abspath(os.fspath(path))
+    pg = group if group is not None else _group()
+    error: BaseException | None = None
+    body: dict[str, Any] = {}
+    state: dict[str, Tensor] = {}
+    base: str | None = None
+    try:
+        if async_save and pg is not None and group is None and dist.get_world_size(pg) > 1:
+            raise ValueError(E.CKPT_ASYNC_GROUP)
+        body, state = _describe(td)
+        coordinator = pg is None or dist.get_rank(pg) == 0
+        if coordinator:
+            base = check_target(root, overwrite)
+    except Exception as e:  # told to the other ranks, which would wait otherwise
+        if pg is None:
+            raise
+        error = e
+    if pg is None:
+        nonce = secrets.randbits(63)
+    else:
+        nonce = _agree("save_checkpoint", pg, error, _digest([root, body]), "path or structure")
+    vdir = os.path.join(root, f"v-{nonce:016x}")
+    writer = Writer(root, vdir, body, base)
+    if async_save:
+        with _alone(pg):
+            fut = dcp.async_save(state, storage_writer=writer, process_group=pg, no_dist=pg is None)
+        job = PendingSave(cast(PyFuture, fut))
+        _pending.append(job)
+        return job
+    try:
+        with _alone(pg):
+            dcp.save(state, storage_writer=writer, process_group=pg, no_dist=pg is None)
+    except CheckpointException as e:
+        if pg is None or dist.get_rank(pg) == 0:  # every rank is past its writes by now
+            shutil.rmtree(vdir, ignore_errors=True)
+        raise _convert(e, "save_checkpoint") from None
+    return None
+
+
+def _nodes(node: Any, prefix: KeyPath = ()) -> list[tuple[KeyPath, Any]]:
+    out = [(prefix, node)]
+    for k, v in zip(node._tdf_keys(), node._tdf_children()):
+        if isinstance(v, Node):
+            out.extend(_nodes(v, (*prefix, k)))
+    return out
+
+
+def _check_like(skeleton: Any, like: Any) -> None:
+    """``like`` has the saved structure, batch sizes, global shapes and dtypes."""
+    check_node(like, "load_checkpoint")
+    check_same_structure(skeleton, like, "load_checkpoint")
+    for (path, a), (_, b) in zip(_nodes(skeleton), _nodes(like)):
+        if a.batch_size != b.batch_size:
+            raise ValueError(
+                E.CKPT_BATCH.format(
+                    key=fmt_key(path) if path else "(root)",
+                    saved=list(a.batch_size),
+                    wanted=list(b.batch_size),
+                )
+            )
+    for (path, a), (_, b) in zip(leaves_with_paths(skeleton), leaves_with_paths(like)):
+        if not isinstance(b, Tensor):
+            raise TypeError(E.CKPT_LEAF_TYPE.format(key=fmt_key(path), typ=type(b).__name__))
+        for what, saved, wanted in (
+            ("the shape", list(a.shape), list(b.shape)),
+            ("the dtype", str(a.dtype), str(b.dtype)),
+        ):
+            if saved != wanted:
+                raise ValueError(
+                    E.CKPT_SHAPE.format(key=fmt_key(path), what=what, saved=saved, wanted=wanted)
+                )
+        if isinstance(b, DTensor):
+            for p in b.placements:
+                if isinstance(p, Partial):
+                    raise ValueError(E.CKPT_PARTIAL.format(key=fmt_key(path), op=p.reduce_op))
+
+
+def _target(x: Tensor) -> Tensor:
+    """A fresh tensor of ``x``'s layout for DCP to load into (``x`` is never written)."""
+    out: Tensor
+    if isinstance(x, DTensor):  # the same mesh, placements and (uneven) local shape
+        out = torch.empty_like(x, requires_grad=False)
+    else:
+        device = "cpu" if x.device.type == "meta" else x.device
+        out = torch.empty(x.shape, dtype=x.dtype, device=device)
+    return out.requires_grad_(x.requires_grad) if x.requires_grad else out
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str], like: Any = None, *, group: Any = None, verify: bool = True
+) -> Any:
+    """Load a checkpoint written by :func:`save_checkpoint`, resharded to ``like``'s layout.
+
+    The checkpoint may come from any number of ranks and placements: each leaf takes
+    ``like``'s layout (a DTensor leaf its mesh and placements, a plain leaf the full
+    tensor), and each rank reads only the pieces it needs. ``like`` itself is never
+    written: the result has new tensors (a memory-mapped leaf of ``like`` gives a plain
+    tensor; its file is left alone). With ``like=None`` (or a ``like`` without DTensor
+    leaves) the call is local to this process, with no collective and no process group
+    needed: the saved container comes back with full plain tensors.
+
+    Args:
+        path: the checkpoint directory.
+        like: a container of the saved structure (keys, node types, batch sizes, static
+            fields, global shapes, dtypes) whose leaves give the target layout; ``None``:
+            the saved container, with full plain tensors.
+        group: the process group of a load into DTensors (default: the world); every rank
+            of it calls ``load_checkpoint``.
+        verify: check every item read against the checksums saved with it (one CRC-32 pass
+            over the data read: from the page cache it costs about as much as DCP's own
+            read). ``False`` reads with DCP's reader; the manifest, the file sizes and the
+            metadata's SHA-256 are checked anyway.
+
+    Returns:
+        A container of ``like``'s type (or the saved one) holding the checkpoint's values.
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``path``.
+        CheckpointCorruptError: a missing, truncated or changed file (the message names it).
+        KeysDifferError, NodeTypesDifferError: ``like`` has other keys, node types or
+            static fields; ValueError: other batch sizes, shapes or dtypes (naming the key),
+            a ``Partial`` target, or ranks that load different checkpoints or layouts.
+        CheckpointError: DCP failed on some rank.
+        All are raised on every rank of a load into DTensors, before any data moves when a
+        rank can tell beforehand.
+
+    Example:
+        >>> import os, tempfile, torch, tdfunc
+        >>> from tdfunc.distributed import save_checkpoint, load_checkpoint
+        >>> td = tdfunc.TensorDict(x=torch.arange(4.0), batch_size=[4])
+        >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
+        >>> save_checkpoint(path, td)
+        >>> load_checkpoint(path, like=td)["x"].tolist()
+        [0.0, 1.0, 2.0, 3.0]
+    """
+    _wait_pending()
+    root = os.path.abspath(os.fspath(path))
+    distributed = like is not None and any(
+        isinstance(x, DTensor) for _, x in leaves_with_paths(like)
+    )
+    pg = (group if group is not None else _group()) if distributed else None
+    error: BaseException | None = None
+    digest = 0
+    try:
+        manifest = Manifest(root)
+        skeleton = manifest.skeleton()
+        if like is not None:
+            _check_like(skeleton, like)
+        digest = _digest([root, manifest.sha])
+    except Exception as e:  # told to the other ranks, which would wait otherwise
+        if pg is None:
+            raise
+        error = e
+    if pg is not None:
+        _agree("load_checkpoint", pg, error, digest, "the checkpoint")
+    base = skeleton if like is None else like
+    names = [e["name"] for e in manifest.leaves]
+    state = {n: _target(x) for n, (_, x) in zip(names, leaves_with_paths(base))}
+    try:
+        with _alone(pg):
+            dcp.load(
+                state,
+                storage_reader=Reader(manifest, verify),
+                process_group=pg,
+                no_dist=pg is None,
+            )
+    except CheckpointException as e:
+        raise _convert(e, "load_checkpoint") from None
+    return map_leaves(base, [state[n] for n in names])
+
+
+def export_safetensors(
+    path: str | os.PathLike[str], file: str | os.PathLike[str], *, overwrite: bool = False
+) -> None:
+    """Write a checkpoint as one safetensors file (full tensors, in this process).
+
+    Leaves are named by their key paths joined with ``"."`` (for a container built with
+    ``tdfunc.from_module(model)``, the names of ``model.state_dict()``), so
+    ``tdfunc.load_safetensors``, ``safetensors.torch.load_file`` and transformers read it;
+    the container's structure travels in the file's metadata (see
+    ``tdfunc.save_safetensors``). The whole checkpoint is read into memory once.
+
+    Raises:
+        FileExistsError: ``file`` exists and ``overwrite`` is False.
+        The errors of :func:`load_checkpoint`.
+
+    Example:
+        >>> import os, tempfile, torch, tdfunc
+        >>> from tdfunc.distributed import save_checkpoint, export_safetensors
+        >>> d = tempfile.mkdtemp()
+        >>> save_checkpoint(os.path.join(d, "ck"), tdfunc.TensorDict(w=torch.ones(2)))
+        >>> export_safetensors(os.path.join(d, "ck"), os.path.join(d, "w.safetensors"))
+        >>> tdfunc.load_safetensors(os.path.join(d, "w.safetensors"))["w"].tolist()
+        [1.0, 1.0]
+    """
+    from .. import save_safetensors
+
+    target = os.fspath(file)
+    if os.path.exists(target) and not overwrite:
+        raise FileExistsError(E.CKPT_EXISTS.format(file=target))
+    save_safetensors(load_checkpoint(path), target, overwrite=overwrite)
