@@ -206,20 +206,24 @@ def to_state_dict(node: Node, sep: str = ".") -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     origin: dict[str, KeyPath] = {}
     for path, leaf in leaves_with_paths(node):
-        name = sep.join(path)
-        if name in out:
-            raise ValueError(
-                E.FLATTEN_COLLISION.format(
-                    what="to_state_dict",
-                    a=fmt_key(origin[name]),
-                    b=fmt_key(path),
-                    name=name,
-                    sep=sep,
-                )
-            )
-        out[name] = leaf
-        origin[name] = path
+        put_flat(out, origin, path, leaf, sep, "to_state_dict")
     return out
+
+
+def put_flat(
+    out: dict[str, Any], origin: dict[str, KeyPath], path: KeyPath, value: Any, sep: str, what: str
+) -> None:
+    """``out[sep.join(path)] = value``; ``ValueError`` naming both paths if two paths join to
+    one name (``origin`` remembers the path of each name)."""
+    name = sep.join(path)
+    if name in out:
+        raise ValueError(
+            E.FLATTEN_COLLISION.format(
+                what=what, a=fmt_key(origin[name]), b=fmt_key(path), name=name, sep=sep
+            )
+        )
+    out[name] = value
+    origin[name] = path
 
 
 def check_batch_invariant(

@@ -389,19 +389,7 @@ def _flatten_into(
         if isinstance(v, TensorDict):
             _flatten_into(v, path, sep, out, origin)
             continue
-        name = sep.join(path)
-        if name in out:
-            raise ValueError(
-                E.FLATTEN_COLLISION.format(
-                    what="flatten_keys",
-                    a=fmt_key(origin[name]),
-                    b=fmt_key(path),
-                    name=name,
-                    sep=sep,
-                )
-            )
-        out[name] = v
-        origin[name] = path
+        ops.put_flat(out, origin, path, v, sep, "flatten_keys")
 
 
 def _from_context(
