@@ -1,7 +1,7 @@
 """Calling a module on given tensors without writing them, and finding out what it wrote.
 
 :func:`call_with_state` puts a *private copy* of each given tensor into the module's parameter
-and buffer slots (a copy-on-write clone: no data is copied unless the module writes it), calls
+and buffer slots (see :func:`private_copy`), calls
 the module, reads what happened from torch itself, and puts the module's own tensors back,
 whatever the call did (also when it raised). What happened is read in two ways, one rule in
 every mode (eager, ``torch.compile``, ``torch.vmap``, ``torch.func.grad``, export):
@@ -9,12 +9,13 @@ every mode (eager, ``torch.compile``, ``torch.vmap``, ``torch.func.grad``, expor
 * **writes**: each copy's write mark, before and after the call
   (:func:`~tdfunc.nn._versions.write_marks`): its version counter, which the dispatcher bumps
   on every in-place write to the tensor or any view of it, inside C++ ops, foreach ops and
-  ``nn.init`` included, and whether the copy-on-write memory was copied (writes that ops do
-  without a version bump: batch norm's running statistics, ``buf.data = v``);
+  ``nn.init`` included; the storage of a buffer's copy (``buf.data = v``); whether a
+  parameter's copy-on-write memory was copied (a write through ``p.data``, confirmed by
+  value). Torch kernels that write without recording it at all (norm statistics, fused
+  fake-quantize) are listed in :func:`_undeclared_write`;
 * **rebinding** (``self.count = self.count + 1``: the slot holds another tensor) and
-  **state created** while the module runs (a
-  buffer registered, a ``None`` buffer assigned): the module's slot dictionaries after the call,
-  compared with a snapshot taken before it.
+  **state created** while the module runs (a buffer registered, a ``None`` buffer assigned):
+  the module's slot dictionaries after the call, compared with a snapshot taken before it.
 
 No tensor subclass is wrapped around anything and nothing is patched: the module sees plain
 tensors, and its output is whatever it returns.
