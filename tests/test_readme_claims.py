@@ -1,6 +1,6 @@
-"""The README's TensorDict, storage and migration statements, each run: what immutability
-covers (the container, not its tensors), state dicts, and every row of the table
-"Migrating from tensordict"."""
+"""The value-model, storage and migration statements of the guides (``docs/guides``), each
+run: what immutability covers (the container, not its tensors), state dicts, and every row of
+the table "Migrating from tensordict"."""
 
 from __future__ import annotations
 
