@@ -39,10 +39,14 @@ _FUSED_FQ_STATE = ("scale", "zero_point")
 _OBSERVED_RANGE = ("min_val", "max_val")
 
 
+_lazy_clone = torch.ops.aten._lazy_clone.default
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
 def _cow_or_copy(t: Tensor, buffer: bool) -> Tensor:
     if buffer or isinstance(t, MemoryMappedTensor):
         return t.clone()
-    return torch.ops.aten._lazy_clone(t)
+    return _lazy_clone(t)
 
 
 def _no_cow_below(t: Tensor) -> bool:
@@ -72,15 +76,15 @@ def private_copy(t: Tensor, buffer: bool = False) -> Tensor:
         >>> t.tolist(), c.tolist()
         ([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
     """
-    if not torch._C._functorch.is_functorch_wrapped_tensor(t):
-        return _cow_or_copy(t, buffer)
+    if not _is_wrapped(t):
+        return t.clone() if buffer or isinstance(t, MemoryMappedTensor) else _lazy_clone(t)
     levels: list[tuple[int, int]] = []
     base = t
     while torch._C._functorch.is_functorch_wrapped_tensor(base):
         if not torch._C._functorch.is_batchedtensor(base):
             # a differentiated tensor: the copy must stay differentiable; copy-on-write has
             # no batching rule and needs memory torch allocated
-            return t.clone() if _no_cow_below(base) else torch.ops.aten._lazy_clone(t)
+            return t.clone() if _no_cow_below(base) else _lazy_clone(t)
         levels.append(
             (torch._C._functorch.maybe_get_bdim(base), torch._C._functorch.maybe_get_level(base))
         )
@@ -112,7 +116,8 @@ class _Snapshot:
         #: a module whose kernels write without recording it takes part
         self.writers = False
         prefixes, modules = self.prefixes, self.modules
-        tensors: list[tuple[Tensor, nn.Module, str]] = []
+        ids: set[int] = set()
+        count = 0
         todo: list[tuple[str, nn.Module]] = [("", module)]
         while todo:
             prefix, m = todo.pop()
@@ -125,20 +130,24 @@ class _Snapshot:
                 for name, t in d.items():
                     if t is None:
                         nones += (name,)
-                    elif tie_weights:
-                        tensors.append((t, m, name))
+                    else:
+                        ids.add(id(t))
+                        count += 1
             modules.append((prefix, m, len(params), len(buffers), nones))
             if isinstance(m, (_NormBase, _FusedFakeQuantize)):
                 self._note_writer(m)
-            # reversed: popped in definition order (the first name of a shared submodule)
-            todo.extend(
-                (prefix + name + ".", sub)
-                for name, sub in reversed(m._modules.items())
-                if sub is not None
-            )
-        if len({id(t) for t, _, _ in tensors}) != len(tensors):
-            for t, m, name in tensors:
-                self.by_id.setdefault(id(t), []).append((m, name))
+            subs = m._modules
+            if subs:
+                # reversed: popped in definition order (the first name of a shared submodule)
+                for name, sub in reversed(subs.items()):
+                    if sub is not None:
+                        todo.append((prefix + name + ".", sub))
+        if tie_weights and len(ids) != count:  # a tensor in two slots: list them
+            for _, m, _, _, _ in modules:
+                for d in (m._parameters, m._buffers):
+                    for name, t in d.items():
+                        if t is not None:
+                            self.by_id.setdefault(id(t), []).append((m, name))
 
     def _note_writer(self, m: nn.Module) -> None:
         if isinstance(m, _NormBase):
@@ -275,29 +284,31 @@ def call_with_state(
     from ._versions import write_marks  # imports torch._dynamo: on first use only
 
     snapshot = _Snapshot(module, tie_weights)
+    by_id = snapshot.by_id
     copies: list[Tensor] = []
     is_buffer: list[bool] = []
-    # the slots each given name fills (more than one: tied), and one dotted name per slot
-    targets: list[list[tuple[str, Slot]]] = []
+    # tied names only: the slots the name fills, by one dotted name per slot
+    tied_targets: dict[str, list[tuple[str, Slot]]] = {}
     swap: dict[str, Tensor] = {}
     swap_slots: list[Slot] = []
     for name, t in tensors.items():
         slot = slots[name]
         m, attr = slot
-        buffer = attr not in m._parameters
-        own = (m._buffers if buffer else m._parameters)[attr]
+        params = m._parameters
+        buffer = attr not in params
         c = private_copy(t, buffer)
         copies.append(c)
         is_buffer.append(buffer)
-        tied = snapshot.by_id.get(id(own)) if snapshot.by_id else None
+        tied = by_id.get(id((m._buffers if buffer else params)[attr])) if by_id else None
         if tied is not None and len(tied) > 1:
             where = [(snapshot.name_of(s), s) for s in tied]
+            tied_targets[name] = where
+            for dotted, s in where:
+                swap[dotted] = c
+                swap_slots.append(s)
         else:
-            where = [(name, slot)]
-        targets.append(where)
-        for dotted, s in where:
-            swap[dotted] = c
-            swap_slots.append(s)
+            swap[name] = c
+            swap_slots.append(slot)
     before = write_marks(copies, is_buffer)
     if not isinstance(args, tuple):
         args = (args,)
@@ -306,16 +317,23 @@ def call_with_state(
             out = module(*args, **(kwargs or {}))
         after = write_marks(copies, is_buffer)
         written: dict[str, Tensor] = {}
-        for (name, c), where, m0, m1 in zip(zip(tensors, copies), targets, before, after):
+        for name, c, m0, m1 in zip(tensors, copies, before, after):
+            where = tied_targets.get(name) or [(name, slots[name])]
             for dotted, _ in where:
                 now = swap[dotted]
                 if now is not c and isinstance(now, Tensor):
                     written[name] = now
                     break
             else:
-                if (
+                if m1 == m0:
+                    if snapshot.writers and _undeclared_write(
+                        [s for _, s in where], snapshot.fused_observers
+                    ):
+                        written[name] = c
+                elif (
                     m1[:2] != m0[:2]
-                    or (m0[2] and not m1[2] and not _same_values(c, tensors[name]))
+                    # the copy-on-write memory was copied: written if the values differ
+                    or (not m1[2] and not _same_values(c, tensors[name]))
                     or (
                         snapshot.writers
                         and _undeclared_write([s for _, s in where], snapshot.fused_observers)

@@ -37,6 +37,9 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from ._state import Slot, private_copy, swapped
 
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_cow = torch._C._is_cow_tensor  # type: ignore[attr-defined]
+
 
 def _base(t: Tensor) -> Tensor:
     """The tensor under ``t``'s functorch wrappers (``t`` itself outside any transform)."""
@@ -89,9 +92,9 @@ def write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tuple[int, 
     """
     out = []
     for t, s in zip(tensors, storages):
-        base = _base(t)
-        cow = torch._C._is_cow_tensor(base)  # type: ignore[attr-defined]
-        out.append((base._version, base.untyped_storage()._cdata if s else 0, cow))
+        if _is_wrapped(t):
+            t = _base(t)
+        out.append((t._version, t.untyped_storage()._cdata if s else 0, _is_cow(t)))
     return out
 
 
