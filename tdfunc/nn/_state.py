@@ -184,7 +184,7 @@ class _Snapshot:
     def restore_created(self) -> None:
         """Take back what the call added: slots created or filled while it ran."""
         for _, m, d, k in self._added():
-            if any(k == name for name in self._nones_of(m)):
+            if k in self._nones_of(m):
                 d[k] = None
             else:
                 del d[k]
