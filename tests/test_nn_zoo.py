@@ -492,6 +492,18 @@ def test_inductor_matches_stateful(kind: str) -> None:
     assert_state_untouched(state, srec)
 
 
+def _without_fallback(capfd: pytest.CaptureFixture[str], fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, checking that torch printed no per-member ``_lazy_clone`` fallback warning
+    (it prints it from C++, on stderr) and raised no such Python warning."""
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn(*args)
+    assert "_lazy_clone" not in capfd.readouterr().err
+    assert not [w for w in caught if "_lazy_clone" in str(w.message)]
+    return out
+
+
 VMAP_KINDS = [
     "batchnorm",
     "embedding_max_norm",
@@ -524,13 +536,7 @@ def test_vmap_ensemble_matches_stateful(
     fn = torch.vmap(_call(m), in_dims=(0, None))
     if compiled:
         fn = torch.compile(fn, backend="aot_eager", fullgraph=True)
-    capfd.readouterr()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out, new = fn(state, x)
-    # no per-member fallback (torch prints that warning from C++, on stderr)
-    assert "_lazy_clone" not in capfd.readouterr().err
-    assert not [w for w in caught if "_lazy_clone" in str(w.message)]
+    out, new = _without_fallback(capfd, fn, state, x)
     for i, (ref_out, ref_state) in enumerate(refs):
         _compare(out[i], new[i], ref_out, ref_state)
     assert_state_untouched(state, srec)
@@ -576,12 +582,7 @@ def test_grad_matches_stateful(
     fn = torch.func.grad(loss, has_aux=True)
     if compiled:
         fn = torch.compile(fn, backend="aot_eager", fullgraph=True)
-    capfd.readouterr()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        grads, (new_p, new_o) = fn(params, x)
-    assert "_lazy_clone" not in capfd.readouterr().err
-    assert not [w for w in caught if "_lazy_clone" in str(w.message)]
+    grads, (new_p, new_o) = _without_fallback(capfd, fn, params, x)
     flat = grads.flatten_keys(".")
     assert sorted(flat.keys()) == sorted(ref_grads)
     for name, g in ref_grads.items():

@@ -340,7 +340,8 @@ def functional_call(
 
     **The tensors of** ``state`` **are never written and the module is left as it was.** The
     module runs on private copies of the given tensors put into its parameter and buffer slots
-    (copy-on-write clones: nothing is copied unless the module writes), and after the call, also
+    (copy-on-write clones of parameters, copied only if the module writes them; copies of
+    buffers, which are small state), and after the call, also
     when it raised, every slot holds the module's own tensor object again. Modules that update
     their state while they run (batch norm in training mode, counters, moving averages,
     observers, caches) do it on the copies, and

@@ -43,6 +43,13 @@ _lazy_clone = torch.ops.aten._lazy_clone.default
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
+def unwrapped(t: Tensor) -> Tensor:
+    """The tensor under ``t``'s functorch wrappers (``t`` itself outside any transform)."""
+    while _is_wrapped(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
+
+
 def _cow_or_copy(t: Tensor, buffer: bool) -> Tensor:
     if buffer or isinstance(t, MemoryMappedTensor):
         return t.clone()
@@ -51,7 +58,7 @@ def _cow_or_copy(t: Tensor, buffer: bool) -> Tensor:
 
 def _no_cow_below(t: Tensor) -> bool:
     """A vmap level or a memory-mapped tensor under ``t``'s wrappers: no copy-on-write."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+    while _is_wrapped(t):
         if torch._C._functorch.is_batchedtensor(t):
             return True
         t = torch._C._functorch.get_unwrapped(t)
@@ -77,10 +84,10 @@ def private_copy(t: Tensor, buffer: bool = False) -> Tensor:
         ([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
     """
     if not _is_wrapped(t):
-        return t.clone() if buffer or isinstance(t, MemoryMappedTensor) else _lazy_clone(t)
+        return _cow_or_copy(t, buffer)
     levels: list[tuple[int, int]] = []
     base = t
-    while torch._C._functorch.is_functorch_wrapped_tensor(base):
+    while _is_wrapped(base):
         if not torch._C._functorch.is_batchedtensor(base):
             # a differentiated tensor: the copy must stay differentiable; copy-on-write has
             # no batching rule and needs memory torch allocated
@@ -244,16 +251,7 @@ def _undeclared_write(where: list[Slot], fused_observers: set[int]) -> bool:
 def _same_values(a: Tensor, b: Tensor) -> bool:
     """Equal values, compared under the functorch wrappers (``torch.equal`` has no batching
     rule): a copy-on-write clone whose memory was copied without being written."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(a):
-        a = torch._C._functorch.get_unwrapped(a)
-    while torch._C._functorch.is_functorch_wrapped_tensor(b):
-        b = torch._C._functorch.get_unwrapped(b)
-    return torch.equal(a, b)
-
-
-def _slot_dict(slot: Slot) -> dict[str, Any]:
-    m, name = slot
-    return m._parameters if name in m._parameters else m._buffers
+    return torch.equal(unwrapped(a), unwrapped(b))
 
 
 def call_with_state(

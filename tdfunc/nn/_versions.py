@@ -35,21 +35,13 @@ import torch._dynamo
 from torch import Tensor
 from torch.nn.utils.stateless import _reparametrize_module
 
-from ._state import Slot, private_copy, swapped
+from ._state import Slot, _is_wrapped, private_copy, swapped, unwrapped
 
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _is_cow = torch._C._is_cow_tensor  # type: ignore[attr-defined]
 
 
-def _base(t: Tensor) -> Tensor:
-    """The tensor under ``t``'s functorch wrappers (``t`` itself outside any transform)."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(t):
-        t = torch._C._functorch.get_unwrapped(t)
-    return t
-
-
 def _lengths(tensors: list[Tensor]) -> list[Tensor]:
-    return [torch.empty((_base(t)._version,), device="meta") for t in tensors]
+    return [torch.empty((unwrapped(t)._version,), device="meta") for t in tensors]
 
 
 _LIB = torch.library.Library("tdfunc", "FRAGMENT")
@@ -93,7 +85,7 @@ def write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tuple[int, 
     out = []
     for t, s in zip(tensors, storages):
         if _is_wrapped(t):
-            t = _base(t)
+            t = unwrapped(t)
         out.append((t._version, t.untyped_storage()._cdata if s else 0, _is_cow(t)))
     return out
 
