@@ -49,8 +49,19 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _deprecate
-from ._checkpoint import PendingSave, export_safetensors, load_checkpoint, save_checkpoint
-from ._errors import CheckpointConflictError, CheckpointCorruptError, CheckpointError
+from ._checkpoint import (
+    PendingSave,
+    checkpoint_digest,
+    export_safetensors,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ._errors import (
+    CheckpointConflictError,
+    CheckpointCorruptError,
+    CheckpointDigestError,
+    CheckpointError,
+)
 from ._local import distribute, from_local, to_local
 from ._p2p import DEFAULT_TIMEOUT, recv, send
 from ._redist import DEFAULT_BACKEND, cache_clear, full_tensor, redistribute
@@ -87,12 +98,14 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "CheckpointConflictError",
     "CheckpointCorruptError",
+    "CheckpointDigestError",
     "CheckpointError",
     "PendingSave",
     "Traffic",
     "Transfer",
     "TransferPlan",
     "cache_clear",
+    "checkpoint_digest",
     "distribute",
     "export_safetensors",
     "from_local",

@@ -57,6 +57,8 @@ Errors on every rank, never a hang
 
 from __future__ import annotations
 
+import atexit
+import errno
 import hashlib
 import json
 import os
@@ -77,17 +79,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Partial
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from .._errors import StructureError
 from .._keys import fmt_key
 from .._ops import check_same_structure
 from .._tree import KeyPath, Node, leaves_with_paths, map_leaves
 from . import _errors as E
 from . import _transfer as wire
-from ._ckpt_store import (
-    Manifest,
-    Reader,
-    Writer,
-    check_target,
-)
+from . import _ckpt_store as store
+from ._ckpt_store import Manifest, Reader, Writer, check_target
 from ._mesh import check_node
 from ._placements import encode_placements
 
@@ -115,11 +114,15 @@ def _exchange(group: Any, values: Sequence[int]) -> list[list[int]]:
     return [t.tolist() for t in out]
 
 
-def _agree(op: str, group: Any, error: BaseException | None, digest: int, what: str) -> int:
+def _agree(
+    op: str, group: Any, error: BaseException | None, digest: int, what: str, nonce: int = 0
+) -> int:
     """Status and digest of every rank; raise on every rank if one rejected its arguments or
-    the digests differ. Returns the first rank's third value (the save's nonce)."""
-    nonce = secrets.randbits(63)
-    rows = _exchange(group, [_OK if error is None else _REJECTED, digest, nonce])
+    the digests differ. Returns the first rank's ``nonce`` (the save's version name)."""
+    try:
+        rows = _exchange(group, [_OK if error is None else _REJECTED, digest, nonce])
+    except RuntimeError as e:  # gloo's error when a peer is gone
+        raise _peer_error(op, e, "") from None
     if error is not None:
         raise error
     bad = [r for r, row in enumerate(rows) if row[0] != _OK]
@@ -131,7 +134,12 @@ def _agree(op: str, group: Any, error: BaseException | None, digest: int, what: 
     return rows[0][2]
 
 
-def _convert(e: CheckpointException, op: str) -> Exception:
+def _peer_error(op: str, e: BaseException, committed: str) -> E.CheckpointError:
+    reason = f"{type(e).__name__}: {e}"
+    return E.CheckpointError(E.CKPT_COLLECTIVE.format(op=op, reason=reason, committed=committed))
+
+
+def _convert(e: CheckpointException, op: str, root: str) -> Exception:
     """A typed error for DCP's ``CheckpointException`` (the same on every rank)."""
     failures = e.failures
     ranks = sorted(failures)
@@ -139,6 +147,9 @@ def _convert(e: CheckpointException, op: str) -> Exception:
     if isinstance(first, E.CheckpointError):
         return type(first)(str(first))
     reason = f"{type(first).__name__}: {first}"
+    full = isinstance(first, OSError) and first.errno == errno.ENOSPC
+    if full or (op == "save_checkpoint" and store.disk_full(root)):
+        reason += "; " + E.CKPT_DISK_FULL.format(path=root)
     return E.CheckpointError(E.CKPT_FAILED.format(op=op, ranks=ranks, reason=reason))
 
 
@@ -160,6 +171,55 @@ def _wait_pending() -> None:
         _pending.pop().result()
 
 
+@atexit.register
+def _wait_at_exit() -> None:
+    """A process that exits with a save in flight finishes it first (its error, if any, is
+    printed by the interpreter's exit handling, not lost)."""
+    while _pending:
+        job = _pending.pop()
+        try:
+            job.result()
+        except Exception as e:  # exiting: report, nobody is left to catch it
+            print(f"tdfunc: an asynchronous save_checkpoint failed: {e}", flush=True)
+
+
+#: (the caller's group, the private gloo group async saves of that group use)
+_async_group: list[tuple[Any, Any]] = []
+
+
+def _group_for_async(pg: Any) -> Any:
+    """A process group of the checkpoint's own for the background part of an asynchronous
+    save on the default group (created once, on every rank, in the caller's thread), so
+    that its collectives never interleave with the caller's."""
+    if _async_group and _async_group[0][0] is pg:
+        return _async_group[0][1]
+    private = dist.new_group(backend="gloo")
+    _async_group[:] = [(pg, private)]
+    return private
+
+
+def _depth(td: Any) -> tuple[int, KeyPath]:
+    """How deeply containers nest in ``td`` and the deepest key path (iterative)."""
+    deepest: tuple[int, KeyPath] = (1, ())
+    stack: list[tuple[Any, KeyPath]] = [(td, ())]
+    while stack:
+        node, path = stack.pop()
+        if len(path) + 1 > deepest[0]:
+            deepest = (len(path) + 1, path)
+        for k, v in zip(node._tdf_keys(), node._tdf_children()):
+            if isinstance(v, Node):
+                stack.append((v, (*path, k)))
+    return deepest
+
+
+def _check_depth(td: Any) -> None:
+    depth, path = _depth(td)
+    if depth > store.MAX_DEPTH:
+        raise ValueError(
+            E.CKPT_TOO_DEEP.format(key=fmt_key(path), depth=depth, limit=store.MAX_DEPTH)
+        )
+
+
 # --------------------------------------------------------------------------------------
 # what a container becomes in DCP
 # --------------------------------------------------------------------------------------
@@ -169,23 +229,42 @@ def _plain(path: KeyPath, x: Any) -> Tensor:
     cannot load such a subclass back)."""
     if not isinstance(x, Tensor):
         raise TypeError(E.CKPT_LEAF_TYPE.format(key=fmt_key(path), typ=type(x).__name__))
-    if type(x) is Tensor or isinstance(x, DTensor):
-        return x
+    if isinstance(x, DTensor):
+        return x if _compact(x.to_local()) else x.contiguous().clone()
+    if type(x) is Tensor:
+        return x if _compact(x) else x.contiguous().clone()
     if is_traceable_wrapper_subclass(x):
         attrs, _ = x.__tensor_flatten__()
         if len(attrs) == 1:
             inner = getattr(x, attrs[0])
             if type(inner) is Tensor and inner.shape == x.shape and inner.dtype == x.dtype:
-                return inner
+                return inner if _compact(inner) else inner.contiguous().clone()
     plain = x.detach().clone()
     if type(plain) is not Tensor:
         raise TypeError(E.CKPT_LEAF_TYPE.format(key=fmt_key(path), typ=type(x).__name__))
     return plain
 
 
+def _compact(t: Tensor) -> bool:
+    """Whether ``t`` is contiguous and its storage holds exactly its bytes (what DCP writes
+    as the raw bytes the manifest describes)."""
+    return (
+        t.is_contiguous()
+        and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    )
+
+
+def _local_bytes(state: dict[str, Tensor]) -> int:
+    return sum(
+        (t.to_local() if isinstance(t, DTensor) else t).nbytes + 4096 for t in state.values()
+    )
+
+
 def _describe(td: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """The manifest's structure part and DCP's flat state dict for ``td``."""
     check_node(td, "save_checkpoint")
+    _check_depth(td)
     _, spec = pytree.tree_flatten(td)
     leaves: list[dict[str, Any]] = []
     state: dict[str, Tensor] = {}
@@ -227,20 +306,22 @@ class PendingSave:
         ...     "gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
         >>> td = tdfunc.TensorDict(x=torch.arange(3.0))
         >>> job = save_checkpoint(os.path.join(tempfile.mkdtemp(), "ck"), td, async_save=True)
-        >>> job.result()  # waits; raises the save's error if it failed
+        >>> job.result().startswith("sha256:")  # waits; raises the save's error if it failed
+        True
         >>> job.done()
         True
     """
 
-    def __init__(self, fut: PyFuture[Any]) -> None:
-        self._fut = fut
+    def __init__(self, fut: PyFuture[Any], finish: Any) -> None:
+        self._fut, self._finish = fut, finish
 
     def done(self) -> bool:
         """Whether the save has finished (committed or failed)."""
         return self._fut.done()
 
-    def result(self, timeout: float | None = None) -> None:
-        """Wait until the checkpoint is committed; raise its error if it failed.
+    def result(self, timeout: float | None = None) -> str:
+        """Wait until the checkpoint is committed and return its digest (see
+        :func:`checkpoint_digest`); raise its error if it failed.
 
         Raises:
             CheckpointError: the save failed (:class:`CheckpointConflictError`: another save
@@ -251,7 +332,23 @@ class PendingSave:
         try:
             self._fut.result(timeout)
         except CheckpointException as e:
-            raise _convert(e, "save_checkpoint") from None
+            return cast(str, self._finish(e))
+        except RuntimeError as e:
+            return cast(str, self._finish(e))
+        return cast(str, self._finish(None))
+
+
+def _read_digest(root: str, vdir: str) -> str:
+    """The digest of the version a save committed in ``vdir`` (read back from its manifest,
+    on every rank)."""
+    try:
+        raw = store._small_file(root, os.path.join(vdir, store.MANIFEST), store.MAX_MANIFEST_BYTES)
+    except FileNotFoundError:  # a later save replaced it already
+        now, _ = store.read_pointer(root)
+        raise E.CheckpointConflictError(
+            E.CKPT_CONFLICT.format(path=root, now=now, base=os.path.basename(vdir))
+        ) from None
+    return store.digest_of(hashlib.sha256(raw).hexdigest())
 
 
 def save_checkpoint(
@@ -261,7 +358,7 @@ def save_checkpoint(
     overwrite: bool = False,
     group: Any = None,
     async_save: bool = False,
-) -> PendingSave | None:
+) -> Any:
     """Save a TensorDict or tensorclass (DTensor, plain and memory-mapped leaves) as a
     ``torch.distributed.checkpoint`` checkpoint, committed atomically.
 
@@ -269,36 +366,46 @@ def save_checkpoint(
     structure. Each rank writes only its own shards; replicated leaves (plain tensors,
     ``Replicate()`` placements) are written once (a plain leaf must hold the same values on
     every rank). A memory-mapped leaf is saved as its plain data. The container's structure
-    and per-item checksums go into the checkpoint; ``checkpoint.json`` switches to the new
-    version only when everything is written, so a save that dies midway leaves the previous
-    checkpoint at ``path`` intact. Without a process group, one process saves alone.
+    and the SHA-256 of every chunk go into the checkpoint's manifest; ``checkpoint.json``
+    switches to the new version only when everything is written, so a save that dies
+    midway leaves the previous checkpoint at ``path`` intact (and what it left is deleted
+    by the next save). Without a process group, one process saves alone.
+
+    The returned digest names the whole checkpoint (structure and every byte of data):
+    keep it somewhere the checkpoint's readers trust and pass it to
+    :func:`load_checkpoint`, which then refuses any other content.
 
     Args:
         path: the checkpoint directory (created if needed).
-        td: the container. DTensor leaves may use any ``Shard`` / ``Replicate`` placements
-            on 1-D or 2-D meshes, uneven shards included; ``Partial`` is refused.
+        td: the container (at most 64 levels of nesting). DTensor leaves may use any
+            ``Shard`` / ``Replicate`` placements on 1-D or 2-D meshes, uneven shards
+            included; ``Partial`` is refused.
         overwrite: replace a checkpoint already at ``path`` (atomically: a load sees the
             old or the new one); without it, an existing checkpoint is an error.
         group: the process group of the save (default: the world).
         async_save: return while the data is written (after a copy of the local data is
-            taken): a :class:`PendingSave`. The next save or load waits for it (and raises
-            its error if it failed and nobody called ``result()``). Its collectives run in
-            a background thread, so with several ranks pass a ``group`` that nothing else
-            uses meanwhile.
+            taken): a :class:`PendingSave`. The ranks agree and plan in the caller's
+            thread; the background part runs on a process group of its own (created once
+            from the default group, or the ``group`` given), so the caller's collectives go
+            on meanwhile. The next save or load, and the process's exit, wait for it.
 
     Returns:
-        None, or the :class:`PendingSave` of an asynchronous save.
+        The digest (``"sha256:<hex>"``), or the :class:`PendingSave` of an asynchronous
+        save (its ``result()`` returns the digest).
 
     Raises:
-        ValueError: a ``Partial`` leaf, two key paths with the same checkpoint name, a
-            ``path`` that holds something else than a checkpoint, ranks that pass different
-            structures (raised on every rank before any data is written; a rank that
-            rejects its own arguments raises its own error, the others ``ValueError``).
+        ValueError: a ``Partial`` leaf, two key paths with the same checkpoint name,
+            containers nested too deeply, a ``path`` that holds something else than a
+            checkpoint, ranks that pass different structures (raised on every rank before
+            any data is written; a rank that rejects its own arguments raises its own error,
+            the others ``ValueError``).
         FileExistsError: a checkpoint is at ``path`` and ``overwrite`` is False.
+        OSError: (``ENOSPC``) the rank's data does not fit on the disk; nothing is written.
         TypeError: a leaf that is not a tensor.
-        CheckpointError: the save failed on some rank (raised on every rank; the previous
-            checkpoint stays); :class:`CheckpointConflictError`: another save committed to
-            ``path`` meanwhile.
+        CheckpointError: the save failed on some rank, or a peer died (raised on every
+            surviving rank; the message says whether the checkpoint was committed; the
+            previous checkpoint stays otherwise); :class:`CheckpointConflictError`: another
+            save committed to ``path`` meanwhile.
 
     Example:
         >>> import os, tempfile, torch, torch.distributed as dist, tdfunc
@@ -311,8 +418,8 @@ def save_checkpoint(
         >>> td = tdfunc.TensorDict(w=torch.arange(6.0).reshape(3, 2), b=torch.ones(3),
         ...                        batch_size=[3])
         >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
-        >>> save_checkpoint(path, distribute(td, mesh, {"w": [Shard(0)]}))
-        >>> load_checkpoint(path)["w"][2].tolist()        # full plain tensors
+        >>> digest = save_checkpoint(path, distribute(td, mesh, {"w": [Shard(0)]}))
+        >>> load_checkpoint(path, digest=digest)["w"][2].tolist()   # full plain tensors
         [4.0, 5.0]
     """
     _wait_pending()
@@ -322,54 +429,124 @@ def save_checkpoint(
     body: dict[str, Any] = {}
     state: dict[str, Tensor] = {}
     base: str | None = None
+    owner: int | None = None
+    nonce = secrets.randbits(63)
+    coordinator = pg is None or dist.get_rank(pg) == 0
+    background = pg
+    if async_save and pg is not None and group is None and dist.get_world_size(pg) > 1:
+        background = _group_for_async(pg)  # every rank, first: nothing can fail before
+    vdir = os.path.join(root, f"v-{nonce:016x}")
     try:
-        if async_save and pg is not None and group is None and dist.get_world_size(pg) > 1:
-            raise ValueError(E.CKPT_ASYNC_GROUP)
         body, state = _describe(td)
-        coordinator = pg is None or dist.get_rank(pg) == 0
         if coordinator:
+            store.clean_stale(root)
             base = check_target(root, overwrite)
+            os.makedirs(root, exist_ok=True)
+            owner = store.own_version(vdir)
+        store.check_space(root, _local_bytes(state))
     except Exception as e:  # told to the other ranks, which would wait otherwise
+        if owner is not None:
+            os.close(owner)
+            shutil.rmtree(vdir, ignore_errors=True)
         if pg is None:
             raise
         error = e
-    if pg is None:
-        nonce = secrets.randbits(63)
-    else:
-        nonce = _agree("save_checkpoint", pg, error, _digest([root, body]), "path or structure")
-    vdir = os.path.join(root, f"v-{nonce:016x}")
+    if pg is not None:
+        try:
+            nonce = _agree(
+                "save_checkpoint", pg, error, _digest([root, body]), "path or structure", nonce
+            )
+        except BaseException:
+            if owner is not None:
+                os.close(owner)
+                shutil.rmtree(vdir, ignore_errors=True)
+            raise
+        vdir = os.path.join(root, f"v-{nonce:016x}")
     writer = Writer(root, vdir, body, base)
+
+    def finish(failure: BaseException | None) -> str:
+        """Release the version folder; the digest, or the save's typed error."""
+        nonlocal owner
+        if owner is not None:
+            os.close(owner)
+            owner = None
+        if failure is None:
+            return _read_digest(root, vdir)
+        now, _ = store.read_pointer(root)
+        committed = now == os.path.basename(vdir)
+        if coordinator and not committed:  # every rank is past its writes by now
+            shutil.rmtree(vdir, ignore_errors=True)
+        if isinstance(failure, CheckpointException):
+            raise _convert(failure, "save_checkpoint", root) from None
+        if isinstance(failure, E.CheckpointError):
+            raise failure
+        note = E.CKPT_COMMITTED if committed else E.CKPT_NOT_COMMITTED
+        raise _peer_error("save_checkpoint", failure, note) from None
+
     if async_save:
-        with _alone(pg):
-            fut = dcp.async_save(state, storage_writer=writer, process_group=pg, no_dist=pg is None)
-        job = PendingSave(cast(PyFuture, fut))
+        try:
+            with _alone(pg):
+                fut = dcp.async_save(
+                    state, storage_writer=writer, process_group=background, no_dist=pg is None
+                )
+        except (CheckpointException, RuntimeError) as e:
+            finish(e)
+        job = PendingSave(cast(PyFuture, fut), finish)
         _pending.append(job)
         return job
     try:
         with _alone(pg):
             dcp.save(state, storage_writer=writer, process_group=pg, no_dist=pg is None)
-    except CheckpointException as e:
-        if pg is None or dist.get_rank(pg) == 0:  # every rank is past its writes by now
-            shutil.rmtree(vdir, ignore_errors=True)
-        raise _convert(e, "save_checkpoint") from None
-    return None
+    except (CheckpointException, RuntimeError) as e:
+        return finish(e)
+    return finish(None)
 
 
-def _nodes(node: Any, prefix: KeyPath = ()) -> list[tuple[KeyPath, Any]]:
-    out = [(prefix, node)]
-    for k, v in zip(node._tdf_keys(), node._tdf_children()):
-        if isinstance(v, Node):
-            out.extend(_nodes(v, (*prefix, k)))
+def checkpoint_digest(path: str | os.PathLike[str]) -> str:
+    """The digest of the checkpoint committed at ``path`` (what :func:`save_checkpoint`
+    returned when it wrote it): ``"sha256:"`` and the SHA-256 of its manifest, which records
+    the structure and the SHA-256 of every chunk of data.
+
+    Read it where you trust the files (right after saving); a digest read from a
+    directory you do not trust proves nothing about it.
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``path``; CheckpointCorruptError: its files are
+            damaged.
+
+    Example:
+        >>> import os, tempfile, torch, tdfunc
+        >>> from tdfunc.distributed import save_checkpoint, checkpoint_digest
+        >>> path = os.path.join(tempfile.mkdtemp(), "ck")
+        >>> digest = save_checkpoint(path, tdfunc.TensorDict(x=torch.zeros(2)))
+        >>> checkpoint_digest(path) == digest
+        True
+    """
+    manifest = Manifest(os.path.abspath(os.fspath(path)))
+    manifest.close()
+    return store.digest_of(manifest.sha)
+
+
+def _nodes(node: Any) -> list[tuple[KeyPath, Any]]:
+    """Every node with its key path, depth first in key order (iterative)."""
+    out: list[tuple[KeyPath, Any]] = []
+    stack: list[tuple[KeyPath, Any]] = [((), node)]
+    while stack:
+        prefix, n = stack.pop()
+        out.append((prefix, n))
+        kids = [(k, v) for k, v in zip(n._tdf_keys(), n._tdf_children()) if isinstance(v, Node)]
+        stack.extend(((*prefix, k), v) for k, v in reversed(kids))
     return out
 
 
 def _check_like(skeleton: Any, like: Any) -> None:
     """``like`` has the saved structure, batch sizes, global shapes and dtypes."""
     check_node(like, "load_checkpoint")
+    _check_depth(like)
     check_same_structure(skeleton, like, "load_checkpoint")
     for (path, a), (_, b) in zip(_nodes(skeleton), _nodes(like)):
         if a.batch_size != b.batch_size:
-            raise ValueError(
+            raise StructureError(
                 E.CKPT_BATCH.format(
                     key=fmt_key(path) if path else "(root)",
                     saved=list(a.batch_size),
@@ -384,7 +561,7 @@ def _check_like(skeleton: Any, like: Any) -> None:
             ("the dtype", str(a.dtype), str(b.dtype)),
         ):
             if saved != wanted:
-                raise ValueError(
+                raise StructureError(
                     E.CKPT_SHAPE.format(key=fmt_key(path), what=what, saved=saved, wanted=wanted)
                 )
         if isinstance(b, DTensor):
@@ -405,7 +582,12 @@ def _target(x: Tensor) -> Tensor:
 
 
 def load_checkpoint(
-    path: str | os.PathLike[str], like: Any = None, *, group: Any = None, verify: bool = True
+    path: str | os.PathLike[str],
+    like: Any = None,
+    *,
+    group: Any = None,
+    verify: bool = True,
+    digest: str | None = None,
 ) -> Any:
     """Load a checkpoint written by :func:`save_checkpoint`, resharded to ``like``'s layout.
 
@@ -417,6 +599,13 @@ def load_checkpoint(
     leaves) the call is local to this process, with no collective and no process group
     needed: the saved container comes back with full plain tensors.
 
+    Nothing in the directory runs code: DCP's pickled ``.metadata`` is never read (the
+    manifest, JSON, describes every chunk) and tensor data is read as raw bytes, never
+    unpickled. Every file is checked against the manifest (regular files only, no symlink,
+    sizes, chunks inside their files and tiling their leaves) before anything is
+    allocated. The load pins the version it starts with: a save that commits meanwhile
+    does not disturb it.
+
     Args:
         path: the checkpoint directory.
         like: a container of the saved structure (keys, node types, batch sizes, static
@@ -424,21 +613,27 @@ def load_checkpoint(
             the saved container, with full plain tensors.
         group: the process group of a load into DTensors (default: the world); every rank
             of it calls ``load_checkpoint``.
-        verify: check every item read against the checksums saved with it (one CRC-32 pass
-            over the data read: from the page cache it costs about as much as DCP's own
-            read). ``False`` reads with DCP's reader; the manifest, the file sizes and the
-            metadata's SHA-256 are checked anyway.
+        verify: check every chunk read against the SHA-256 the manifest records (hashed in
+            a background pool while the next chunks are read). ``False`` skips only that
+            check: flipped bits in the data then load as wrong values.
+        digest: the digest :func:`save_checkpoint` returned (kept where you trust it): the
+            checkpoint must be exactly that one (its manifest, hence its structure and
+            every chunk's SHA-256); implies ``verify``. Without it, the checks find
+            accidents and inconsistencies, but a consistent forgery loads.
 
     Returns:
         A container of ``like``'s type (or the saved one) holding the checkpoint's values.
 
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
-        CheckpointCorruptError: a missing, truncated or changed file (the message names it).
+        CheckpointCorruptError: a missing, truncated, changed or inconsistent file (the
+            message names it and the key); :class:`CheckpointDigestError`: not the
+            checkpoint ``digest`` names.
         KeysDifferError, NodeTypesDifferError: ``like`` has other keys, node types or
-            static fields; ValueError: other batch sizes, shapes or dtypes (naming the key),
-            a ``Partial`` target, or ranks that load different checkpoints or layouts.
-        CheckpointError: DCP failed on some rank.
+            static fields; StructureError: other batch sizes, shapes or dtypes (naming the
+            key, the saved and the expected value); ValueError: a ``Partial`` target, a
+            malformed ``digest``, or ranks that load different checkpoints or layouts.
+        CheckpointError: DCP failed on some rank, or a peer died.
         All are raised on every rank of a load into DTensors, before any data moves when a
         rank can tell beforehand.
 
@@ -447,48 +642,68 @@ def load_checkpoint(
         >>> from tdfunc.distributed import save_checkpoint, load_checkpoint
         >>> td = tdfunc.TensorDict(x=torch.arange(4.0), batch_size=[4])
         >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
-        >>> save_checkpoint(path, td)
-        >>> load_checkpoint(path, like=td)["x"].tolist()
+        >>> digest = save_checkpoint(path, td)
+        >>> load_checkpoint(path, like=td, digest=digest)["x"].tolist()
         [0.0, 1.0, 2.0, 3.0]
     """
     _wait_pending()
     root = os.path.abspath(os.fspath(path))
+    if digest is not None and not (
+        isinstance(digest, str)
+        and digest.startswith(store.DIGEST_PREFIX)
+        and store._SHA.fullmatch(digest[len(store.DIGEST_PREFIX) :]) is not None
+    ):
+        raise ValueError(E.CKPT_BAD_DIGEST.format(digest=digest))
     distributed = like is not None and any(
         isinstance(x, DTensor) for _, x in leaves_with_paths(like)
     )
     pg = (group if group is not None else _group()) if distributed else None
     error: BaseException | None = None
-    digest = 0
+    agreed = 0
+    manifest: Manifest | None = None
     try:
-        manifest = Manifest(root)
+        manifest = Manifest(root, digest)
         skeleton = manifest.skeleton()
         if like is not None:
             _check_like(skeleton, like)
-        digest = _digest([root, manifest.sha])
+        agreed = _digest([root, manifest.sha])
     except Exception as e:  # told to the other ranks, which would wait otherwise
+        if manifest is not None:
+            manifest.close()
         if pg is None:
             raise
         error = e
     if pg is not None:
-        _agree("load_checkpoint", pg, error, digest, "the checkpoint")
-    base = skeleton if like is None else like
-    names = [e["name"] for e in manifest.leaves]
-    state = {n: _target(x) for n, (_, x) in zip(names, leaves_with_paths(base))}
+        _agree("load_checkpoint", pg, error, agreed, "the checkpoint")
+    assert manifest is not None
     try:
+        base = skeleton if like is None else like
+        names = [e["name"] for e in manifest.leaves]
+        state = {n: _target(x) for n, (_, x) in zip(names, leaves_with_paths(base))}
         with _alone(pg):
             dcp.load(
                 state,
-                storage_reader=Reader(manifest, verify),
+                storage_reader=Reader(manifest, verify or digest is not None),
                 process_group=pg,
                 no_dist=pg is None,
             )
     except CheckpointException as e:
-        raise _convert(e, "load_checkpoint") from None
+        raise _convert(e, "load_checkpoint", root) from None
+    except RuntimeError as e:
+        if isinstance(e, E.CheckpointError):
+            raise
+        raise _peer_error("load_checkpoint", e, "") from None
+    finally:
+        manifest.close()
     return map_leaves(base, [state[n] for n in names])
 
 
 def export_safetensors(
-    path: str | os.PathLike[str], file: str | os.PathLike[str], *, overwrite: bool = False
+    path: str | os.PathLike[str],
+    file: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    digest: str | None = None,
 ) -> None:
     """Write a checkpoint as one safetensors file (full tensors, in this process).
 
@@ -498,6 +713,12 @@ def export_safetensors(
     the container's structure travels in the file's metadata (see
     ``tdfunc.save_safetensors``). The whole checkpoint is read into memory once.
 
+    Args:
+        path: the checkpoint directory.
+        file: the safetensors file to write.
+        overwrite: replace ``file`` if it exists.
+        digest: as for :func:`load_checkpoint`: the checkpoint must be exactly that one.
+
     Raises:
         FileExistsError: ``file`` exists and ``overwrite`` is False.
         The errors of :func:`load_checkpoint`.
@@ -506,7 +727,7 @@ def export_safetensors(
         >>> import os, tempfile, torch, tdfunc
         >>> from tdfunc.distributed import save_checkpoint, export_safetensors
         >>> d = tempfile.mkdtemp()
-        >>> save_checkpoint(os.path.join(d, "ck"), tdfunc.TensorDict(w=torch.ones(2)))
+        >>> _ = save_checkpoint(os.path.join(d, "ck"), tdfunc.TensorDict(w=torch.ones(2)))
         >>> export_safetensors(os.path.join(d, "ck"), os.path.join(d, "w.safetensors"))
         >>> tdfunc.load_safetensors(os.path.join(d, "w.safetensors"))["w"].tolist()
         [1.0, 1.0]
@@ -516,4 +737,4 @@ def export_safetensors(
     target = os.fspath(file)
     if os.path.exists(target) and not overwrite:
         raise FileExistsError(E.CKPT_EXISTS.format(file=target))
-    save_safetensors(load_checkpoint(path), target, overwrite=overwrite)
+    save_safetensors(load_checkpoint(path, digest=digest), target, overwrite=overwrite)

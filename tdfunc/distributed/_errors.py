@@ -224,6 +224,10 @@ class CheckpointConflictError(CheckpointError):
     """Another save committed to the same path while this one was writing; this one lost."""
 
 
+class CheckpointDigestError(CheckpointCorruptError):
+    """The checkpoint is not the one whose digest the caller gave to ``load_checkpoint``."""
+
+
 CKPT_NOT_FOUND = "no checkpoint at {path}: {file} does not exist"
 CKPT_CORRUPT = "checkpoint {path}: file {file} is corrupt: {detail}"
 CKPT_NOT_TARGET = (
@@ -272,3 +276,38 @@ CKPT_UNKNOWN_TYPE = (
     "registered in this process; import the module that defines it first"
 )
 CKPT_EXISTS = "export_safetensors: {file} exists; pass overwrite=True to replace it"
+CKPT_BAD_LOCK = (
+    "checkpoint {path}: the lock file {file} is a symlink or not a regular file; remove it "
+    "(only a regular file is used as the lock)"
+)
+CKPT_NO_SPACE = (
+    "save_checkpoint: not enough free space for {path}: this rank writes about {need} bytes, "
+    "{free} are free (no space left on device)"
+)
+CKPT_DISK_FULL = "no space left on device under {path} (the disk is full)"
+CKPT_ITEM_LAYOUT = (
+    "checkpoint {path}: the item of {file} at byte {offset} is not the raw bytes of one "
+    "contiguous tensor as torch.save writes them; this torch's DCP writer is not supported"
+)
+CKPT_BUSY = (
+    "load_checkpoint: {path} switched to a new version five times while this load opened "
+    "its files; retry when the saves slow down"
+)
+CKPT_DIGEST = (
+    "load_checkpoint: {path} holds the checkpoint {got}, not the expected {want} (its "
+    "manifest was changed or replaced); refusing to read it"
+)
+CKPT_TOO_DEEP = (
+    "save_checkpoint: key {key}: containers nested {depth} deep; a checkpoint holds at most "
+    "{limit} levels (flatten the structure, e.g. with flatten_keys())"
+)
+CKPT_COLLECTIVE = (
+    "{op}: a collective between the ranks failed (a peer died or the network failed): "
+    "{reason}{committed}"
+)
+CKPT_BAD_DIGEST = "load_checkpoint: digest must be a string 'sha256:<64 hex digits>', got {digest!r}"
+CKPT_COMMITTED = " (the checkpoint was committed before the failure)"
+CKPT_NOT_COMMITTED = " (nothing was committed; the previous checkpoint stays)"
+CKPT_ALLOC = (
+    "load_checkpoint: {path}: cannot allocate {key} of shape {shape} ({dtype}): {reason}"
+)
