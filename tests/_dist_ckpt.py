@@ -119,8 +119,8 @@ def _copy_and_damage(src: str, dst: str, how: str) -> None:
         os.truncate(data, os.path.getsize(data) - 10)
     elif how == "missing":
         os.remove(os.path.join(vdir, "__3_0.distcp"))
-    elif how == "metadata":
-        meta = os.path.join(vdir, ".metadata")
+    elif how == "manifest":
+        meta = os.path.join(vdir, store.MANIFEST)
         with open(meta, "r+b") as f:
             f.seek(20)
             byte = f.read(1)
@@ -158,9 +158,12 @@ def run_four(rank: int, world: int, out_dir: str) -> dict[str, Any]:
     res["work_during_async"] = torch.equal(work["w"], full0["w"])
     job.result()
     res["async_done"] = job.done()
-    res["async_no_group"] = caught(
-        lambda: tdd.save_checkpoint(path, td0, overwrite=True, async_save=True)
-    )
+    # on the default group: the background part runs on a private group, so the world
+    # group's collectives go on meanwhile
+    job = tdd.save_checkpoint(path, sharded(full1, m4, m2x2), overwrite=True, async_save=True)
+    res["work_during_default_async"] = bool(dist.all_reduce(torch.ones(1)) is None)
+    res["async_default_digest"] = job.result()
+    res["digest_on_disk"] = tdd.checkpoint_digest(path)
     dist.barrier()
     if rank == 0:
         res["versions"] = sorted(n for n in os.listdir(path) if n.startswith("v-"))
@@ -245,7 +248,7 @@ def run_four(rank: int, world: int, out_dir: str) -> dict[str, Any]:
     dist.barrier()
 
     # --- damaged copies: every rank raises the same typed error, nobody hangs ---
-    for how in ("flip", "truncate", "missing", "metadata", "pointer"):
+    for how in ("flip", "truncate", "missing", "manifest", "pointer"):
         bad = os.path.join(out_dir, f"bad-{how}")
         if rank == 0:
             _copy_and_damage(path, bad, how)

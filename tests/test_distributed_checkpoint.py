@@ -79,7 +79,9 @@ def test_async_save(four: Any) -> None:
     assert _same(res, "async_type") == "PendingSave"
     assert _same(res, "work_during_async") is True
     assert _same(res, "async_done") is True
-    assert _same(res, "async_no_group") == ["ValueError", E.CKPT_ASYNC_GROUP]
+    assert _same(res, "work_during_default_async") is True
+    digest = _same(res, "async_default_digest")
+    assert digest.startswith("sha256:") and _same(res, "digest_on_disk") == digest
     path = str(out / "ck4")
     assert res[0]["exists"] == ["FileExistsError", E.CKPT_EXISTS_SAVE.format(path=path)]
     for r in res[1:]:
@@ -131,8 +133,8 @@ def test_bytes_written_equal_the_container(four: Any) -> None:
     files = sorted(p.name for p in vdir.glob("*.distcp"))
     assert files == [f"__{r}_0.distcp" for r in range(4)]
     on_disk = sum((vdir / f).stat().st_size for f in files)
-    assert on_disk == manifest["data_bytes"]
-    items = sum(len(f["items"]) for f in manifest["files"].values())
+    assert on_disk == sum(manifest["files"].values())
+    items = sum(len(e["chunks"]) for e in manifest["leaves"])
     # w: 4 shards, e: 4, layer.weight: 4; b, step, layer.extra.scale: 1 each, where
     # every rank holds them (4 copies of b would be 3 more items and 48 KiB more)
     assert items == 15
@@ -179,11 +181,11 @@ def test_arguments_the_ranks_reject(four: Any) -> None:
     for r in (0, 2, 3):
         assert res[r]["like_one_rank"] == ["ValueError", others]
     assert _same(res, "like_shape") == [
-        "ValueError",
+        "StructureError",
         E.CKPT_SHAPE.format(key="'b'", what="the shape", saved=[4096], wanted=[8]),
     ]
     assert _same(res, "like_dtype") == [
-        "ValueError",
+        "StructureError",
         E.CKPT_SHAPE.format(
             key="'step'", what="the dtype", saved="torch.int64", wanted="torch.float32"
         ),
@@ -215,7 +217,7 @@ def test_arguments_the_ranks_reject(four: Any) -> None:
         ("flip", "__1_0.distcp", "checksum mismatch"),
         ("truncate", "__2_0.distcp", "size "),
         ("missing", "__3_0.distcp", "missing"),
-        ("metadata", ".metadata", "checksum mismatch"),
+        ("manifest", store.MANIFEST, "checksum mismatch"),
         ("pointer", store.POINTER, "not JSON"),
     ],
 )
@@ -260,7 +262,9 @@ def test_killed_save_never_damages_the_previous_checkpoint(tmp_path: Path) -> No
     with pytest.raises(RankError, match="rank 1 of 2 exited with code 9"):
         launch(W.killed_save, 2, args=(str(path),), timeout=120, pg_timeout=10, grace=1.0)
     versions = sorted(p.name for p in path.glob("v-*"))
-    assert len(versions) == 2  # the committed one and the half-written one
+    # the committed one, and the half-written one unless the surviving coordinator removed
+    # it before the launcher killed it
+    assert 1 <= len(versions) <= 2
     got = tdd.load_checkpoint(path)
     tdfunc.testing.assert_close(got, W.full_values(0), rtol=0, atol=0)
     tdd.save_checkpoint(path, W.full_values(3), overwrite=True)  # the next save cleans up
@@ -337,8 +341,8 @@ def test_single_process_flipped_byte(tmp_path: Path) -> None:
     with pytest.raises(tdd.CheckpointCorruptError, match="checksum mismatch") as e:
         tdd.load_checkpoint(tmp_path / "ck")
     assert data in str(e.value)
-    assert "'archive/data/0'" in str(e.value)  # the record of the leaf's values
-    got = tdd.load_checkpoint(tmp_path / "ck", verify=False)  # what DCP alone gives
+    assert "chunk of 'a' at bytes " in str(e.value)  # the leaf's values
+    got = tdd.load_checkpoint(tmp_path / "ck", verify=False)  # the checksums skipped
     assert (got["a"] != td["a"]).sum().item() == 1
     os.truncate(data, os.path.getsize(data) - 1)
     with pytest.raises(tdd.CheckpointCorruptError, match="size "):  # sizes: checked anyway
@@ -357,8 +361,8 @@ def test_manifest_is_checked(tmp_path: Path) -> None:
         path=root, file=manifest, detail="checksum mismatch"
     )
     pointer = tmp_path / "ck" / store.POINTER
-    pointer.write_text(json.dumps({"format": store.FORMAT, "version": 1, "dir": "../x"}))
-    with pytest.raises(tdd.CheckpointCorruptError, match=r"not a tdfunc\.checkpoint version 1"):
+    pointer.write_text(json.dumps({"format": store.FORMAT, "version": 2, "dir": "../x"}))
+    with pytest.raises(tdd.CheckpointCorruptError, match=r"not a tdfunc\.checkpoint version 2"):
         tdd.load_checkpoint(tmp_path / "ck")
 
 
@@ -385,7 +389,7 @@ def test_concurrent_commit_loses(tmp_path: Path) -> None:
     stale = root / "v-00000000000000aa"
     stale.mkdir()
     with pytest.raises(tdd.CheckpointConflictError) as e:
-        store._commit(str(root), str(stale), "0" * 64, "v-0000000000000001")
+        store.commit(str(root), str(stale), "0" * 64, "v-0000000000000001")
     assert str(e.value) == E.CKPT_CONFLICT.format(
         path=str(root), now=now, base="v-0000000000000001"
     )
@@ -451,12 +455,12 @@ def _rewrite_manifest(root: Path, change: Any) -> None:
         ),
         (lambda m: m["leaves"][0].update(shape=[-1]), tdd.CheckpointCorruptError, "bad leaf"),
         (
-            lambda m: m["files"]["__0_0.distcp"].update(size=10),
+            lambda m: m["files"].update({"__0_0.distcp": 10}),
             tdd.CheckpointCorruptError,
-            "bad item in __0_0.distcp",
+            "chunk beyond the end of __0_0.distcp",
         ),
         (
-            lambda m: m["files"].update({"../escape.distcp": {"size": 0, "items": []}}),
+            lambda m: m["files"].update({"../escape.distcp": 0}),
             tdd.CheckpointCorruptError,
             "bad file name '../escape.distcp'",
         ),
@@ -473,53 +477,10 @@ def test_manifest_contents_are_checked(
     assert text in str(e.value)
 
 
-def test_item_checksums_come_from_torch_save(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Saving reads the CRC-32s torch.save wrote into each item's zip directory (no second
-    pass over the data); with torch's CRCs turned off, it computes a CRC-32 of each item,
-    and both kinds catch a flipped byte."""
-
-    def no_read_back(*args: Any) -> int:
-        raise AssertionError("read back")
-
-    def items(root: Path) -> list[Any]:
-        pointer = json.loads((root / store.POINTER).read_text())
-        manifest = json.loads((root / pointer["dir"] / store.MANIFEST).read_text())
-        return manifest["files"]["__0_0.distcp"]["items"]
-
-    with monkeypatch.context() as m:
-        m.setattr(store, "_crc_region", no_read_back)
-        tdd.save_checkpoint(tmp_path / "a", _plain_td())
-    recs = [it[2] for it in items(tmp_path / "a")]
-    assert len(recs) == 2  # two leaves
-    names = [r[0] for r in recs[0]]
-    assert any(n.endswith("/data/0") for n in names)
-    assert all(r[1] != 0 for r in recs[0])
-    before = torch.serialization.get_crc32_options()
-    torch.serialization.set_crc32_options(False)
-    try:
-        tdd.save_checkpoint(tmp_path / "b", _plain_td())
-    finally:
-        torch.serialization.set_crc32_options(before)
-    assert all(isinstance(it[2], int) for it in items(tmp_path / "b"))
-    for name in ("a", "b"):
-        root = tmp_path / name
-        tdfunc.testing.assert_close(tdd.load_checkpoint(root), _plain_td(), rtol=0, atol=0)
-        offset, length, _ = items(root)[1]  # flip a byte of the second leaf's values
-        data = glob.glob(str(root / "v-*" / "__0_0.distcp"))[0]
-        with open(data, "r+b") as f:
-            f.seek(offset + length - 700)
-            b = f.read(1)
-            f.seek(-1, 1)
-            f.write(bytes([b[0] ^ 0x08]))
-        with pytest.raises(tdd.CheckpointCorruptError, match="checksum mismatch"):
-            tdd.load_checkpoint(root)
-
-
-def test_damaged_record_table_is_caught(tmp_path: Path) -> None:
-    """A flip in an item's zip directory (a record's CRC or name) is a checksum mismatch
-    too: the directory is compared with the manifest."""
+def test_item_framing_is_not_data(tmp_path: Path) -> None:
+    """A flip in an item's zip directory (torch.save's framing around the values) changes
+    nothing that is loaded: the loader reads the values' bytes at the offsets the manifest
+    records and checks their SHA-256, never the framing, never the pickle."""
     root = tmp_path / "ck"
     tdd.save_checkpoint(root, _plain_td())
     data = glob.glob(str(root / "v-*" / "__0_0.distcp"))[0]
@@ -527,8 +488,7 @@ def test_damaged_record_table_is_caught(tmp_path: Path) -> None:
     at = raw.rfind(b"PK\x01\x02")  # the last central directory entry of the last item
     raw[at + 16] ^= 0x01  # its CRC-32 field
     Path(data).write_bytes(bytes(raw))
-    with pytest.raises(tdd.CheckpointCorruptError, match="record table differs"):
-        tdd.load_checkpoint(root)
+    tdfunc.testing.assert_close(tdd.load_checkpoint(root), _plain_td(), rtol=0, atol=0)
 
 
 def test_export_loads_in_transformers(tmp_path: Path) -> None:

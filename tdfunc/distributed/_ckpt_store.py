@@ -210,18 +210,24 @@ def hash_blocks(view: memoryview) -> list[PyFuture[bytes]]:
     return [pool.submit(_block_sha, view[i : i + BLOCK]) for i in range(0, len(view), BLOCK)]
 
 
-def combine(blocks: Sequence[PyFuture[bytes]]) -> str:
-    """A chunk's checksum from its blocks' SHA-256s."""
-    h = hashlib.sha256()
+def _chunk_header(dtype: str, sizes: Sequence[int]) -> bytes:
+    """What a chunk's checksum covers besides its bytes: its dtype and shape (an edited
+    dtype or shape is a mismatch, not a reinterpretation)."""
+    return json.dumps([dtype, list(sizes)]).encode()
+
+
+def combine(header: bytes, blocks: Sequence[PyFuture[bytes]]) -> str:
+    """A chunk's checksum: the SHA-256 of its header and its blocks' SHA-256s."""
+    h = hashlib.sha256(header)
     for b in blocks:
         h.update(b.result())
     return h.hexdigest()
 
 
-def sha256_of(data: bytes | memoryview) -> str:
+def sha256_of(dtype: str, sizes: Sequence[int], data: bytes | memoryview) -> str:
     """A chunk's checksum computed in this thread (tests, small data)."""
     view = memoryview(data).cast("B")
-    h = hashlib.sha256()
+    h = hashlib.sha256(_chunk_header(dtype, sizes))
     for i in range(0, len(view), BLOCK):
         h.update(_block_sha(view[i : i + BLOCK]))
     return h.hexdigest()
@@ -490,7 +496,7 @@ class Writer(FileSystemWriter):
         self.manifest_sha: str | None = None
 
     def write_data(self, plan: Any, planner: Any) -> Future[list[WriteResult]]:
-        hashes: dict[str, tuple[int, list[PyFuture[bytes]]]] = {}
+        hashes: dict[str, tuple[int, bytes, list[PyFuture[bytes]]]] = {}
         keep = []
         for item in plan.items:
             t = planner.resolve_data(item)
@@ -502,7 +508,8 @@ class Writer(FileSystemWriter):
                     E.CKPT_ITEM_LAYOUT.format(path=self._root, file=item.index.fqn, offset=0)
                 )
             keep.append(t)
-            hashes[_index_key(item.index)] = (t.nbytes, hash_blocks(_bytes_of(t)))
+            header = _chunk_header(wire.dtype_name(t.dtype), list(t.shape))
+            hashes[_index_key(item.index)] = (t.nbytes, header, hash_blocks(_bytes_of(t)))
         fut = super().write_data(plan, planner)
         results = fut.wait()  # the file writer has finished by now
         table: dict[str, list[list[Any]]] = {}
@@ -518,12 +525,12 @@ class Writer(FileSystemWriter):
                 for wr in wrs:
                     info = wr.storage_data
                     at, size = _data_record(self._root, fd, path, info.offset, info.length)
-                    nbytes, blocks = hashes[_index_key(wr.index)]
+                    nbytes, header, blocks = hashes[_index_key(wr.index)]
                     if size != nbytes:
                         raise E.CheckpointError(
                             E.CKPT_ITEM_LAYOUT.format(path=self._root, file=path, offset=at)
                         )
-                    sidecar[_index_key(wr.index)] = [rel, at, size, combine(blocks)]
+                    sidecar[_index_key(wr.index)] = [rel, at, size, combine(header, blocks)]
             finally:
                 os.close(fd)
         del keep
@@ -831,7 +838,7 @@ class Reader(FileSystemReader):
             _need(isinstance(chunk, _Chunk), m.root, m.vdir, f"no chunk {req.storage_index}")
             assert isinstance(chunk, _Chunk)
             by_chunk.setdefault(id(chunk), (chunk, req.storage_index.fqn, []))[2].append(req)
-        checks: list[tuple[_Chunk, str, list[PyFuture[bytes]], Any]] = []
+        checks: list[tuple[_Chunk, str, bytes, list[PyFuture[bytes]], Any]] = []
         for chunk, fqn, reqs in sorted(by_chunk.values(), key=lambda x: (x[0].file, x[0].at)):
             dtype = m.dtypes[fqn]
             whole = (
@@ -854,13 +861,14 @@ class Reader(FileSystemReader):
             got = _pread_into(m.fds[chunk.file], view, chunk.at)
             _need(got == chunk.nbytes, m.root, file, f"chunk of {fqn!r}: truncated")
             if self._verify:
-                checks.append((chunk, fqn, hash_blocks(view), buf))
+                header = _chunk_header(wire.dtype_name(dtype), chunk.sizes)
+                checks.append((chunk, fqn, header, hash_blocks(view), buf))
             for req in reqs:
                 self._deliver(req, buf, planner, file, direct)
-        for chunk, fqn, blocks, _buf in checks:
+        for chunk, fqn, header, blocks, _buf in checks:
             file = os.path.join(m.vdir, chunk.file)
             where = f"chunk of {fqn!r} at bytes {chunk.at}..{chunk.at + chunk.nbytes}"
-            _need(combine(blocks) == chunk.sha, m.root, file, f"{where}: checksum mismatch")
+            _need(combine(header, blocks) == chunk.sha, m.root, file, f"{where}: checksum mismatch")
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut

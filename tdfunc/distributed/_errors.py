@@ -265,11 +265,6 @@ CKPT_CONFLICT = (
     "checkpoint now holds version {now}, this save started from {base}); this save was "
     "discarded"
 )
-CKPT_ASYNC_GROUP = (
-    "save_checkpoint(async_save=True) runs its collectives in a background thread: pass "
-    "group= a process group that nothing else uses meanwhile (e.g. "
-    "dist.new_group(backend='gloo'), created once)"
-)
 CKPT_EXISTS_SAVE = "save_checkpoint: {path} holds a checkpoint; pass overwrite=True to replace it"
 CKPT_UNKNOWN_TYPE = (
     "load_checkpoint: the checkpoint holds a container of type {name!r}, which is not "
