@@ -83,6 +83,10 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
         return None if mod is None else mod.__spec__
 
 
+#: the one finder on ``sys.meta_path``
+_FINDER = _AliasFinder()
+
+
 def module_path(name: str, moved: Moved) -> None:
     """Keep ``import name`` / ``from name import x`` working for a module path that is gone.
 
@@ -106,5 +110,5 @@ def module_path(name: str, moved: Moved) -> None:
     mod.__spec__ = importlib.machinery.ModuleSpec(name, loader, origin="deprecated alias")
     sys.modules[name] = mod
     _AliasFinder.modules[name] = mod
-    if _AliasFinder not in sys.meta_path:
-        sys.meta_path.append(_AliasFinder)
+    if _FINDER not in sys.meta_path:  # an instance: importlib calls its methods unbound
+        sys.meta_path.append(_FINDER)

@@ -63,3 +63,18 @@ def test_deprecated_names_still_work_and_warn():
         _ = mod.nope
     # the package's own attribute of the same name is the decorator, not the module
     assert tdfunc.tensorclass is not mod
+
+
+def test_importlib_invalidate_caches_works_with_tdfunc_imported() -> None:
+    """The finder of deprecated module paths sits on ``sys.meta_path`` as an instance, so
+    ``importlib.invalidate_caches()`` (called by pip, pytest plugins, autoreload and torch)
+    can call its ``invalidate_caches()``; it used to raise ``TypeError``."""
+    import importlib
+    import sys
+
+    import tdfunc  # noqa: F401  (registers the deprecated paths)
+    from tdfunc import _deprecate
+
+    assert any(isinstance(f, _deprecate._AliasFinder) for f in sys.meta_path)
+    assert _deprecate._AliasFinder not in sys.meta_path
+    importlib.invalidate_caches()
