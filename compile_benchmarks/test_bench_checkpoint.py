@@ -10,10 +10,13 @@ Workload ``checkpoint_<save|load>_<n>ranks`` (n = 2, 4): a nested TensorDict of 
 (full run: 64 leaves of 1024 x 1024 float32 in 4 sub-dicts; quick run: 16 leaves of
 128 x 128) sharded ``Shard(0)`` on a 1-D mesh of ``n`` ranks, written to local disk (ext4):
 
-* ``tdfunc``: ``save_checkpoint(path, td, overwrite=True)`` (every call replaces the previous checkpoint:
-  a new version folder, per-item CRC-32s, the manifest, the atomic commit, the old version
-  deleted) / ``load_checkpoint(path, like)`` into DTensors of the same layout (every item's
-  CRC-32 checked).
+* ``tdfunc``: ``save_checkpoint(path, td, overwrite=True)`` (every call replaces the previous
+  checkpoint: a new version folder, the SHA-256 of every chunk (hashed in a background pool
+  while DCP writes and the files are synced), the manifest, the atomic commit, the old
+  version deleted) / ``load_checkpoint(path, like)`` into DTensors of the same layout: every
+  chunk read as raw bytes from the files the manifest names (straight into the target when
+  it is one piece), its SHA-256 checked in the same pass (blocks hashed in a background pool
+  while the next ones are read); DCP's pickled metadata is never read.
 * ``dcp_flat``: ``torch.distributed.checkpoint.save`` of the flat ``{name: DTensor}`` dict of
   the same leaves into a new folder (the previous one is deleted outside the timing) /
   ``dcp.load`` into fresh DTensors: the engine alone, no structure, no checksums, no
@@ -22,8 +25,11 @@ Workload ``checkpoint_<save|load>_<n>ranks`` (n = 2, 4): a nested TensorDict of 
   made the tdfunc save that followed it in a round 1.5-1.7x slower on this machine's ext4
   disk, and not so after a save into a new folder: that would bias the rounds.)
 * ``tdfunc_unverified`` (load only): ``load_checkpoint(..., verify=False)``: the same without
-  the CRC-32 pass over the data read (DCP's own reader; the structure, the file sizes and the
-  metadata's SHA-256 are still checked): what the structure handling alone costs.
+  the SHA-256 of the chunks (the manifest, the files and the chunk layout are still
+  checked): what the checks of the data cost.
+* ``dcp_control``: DCP again (save into another new folder / load into fresh DTensors), run
+  in the same rounds: the A/A control (``overhead_vs_dcp`` near 1.0 says how far the rounds
+  are comparable).
 * ``torch_save``: each rank ``torch.save`` of its own state (the dict of its local shards)
   into its own file, fsync-ed as DCP does / ``torch.load`` of that file: the floor for
   writing the same bytes, with nothing that allows a load on another layout.
@@ -56,7 +62,7 @@ from .test_bench_dtensor import CLOCK, _median, _replay
 
 FULL = (64, (1024, 1024))  # leaves, shape: 256 MiB of float32
 QUICK = (16, (128, 128))
-CONTENDERS = ("tdfunc", "dcp_flat", "torch_save")
+CONTENDERS = ("tdfunc", "dcp_flat", "torch_save", "dcp_control")
 LOAD_ONLY = ("tdfunc_unverified",)
 
 
@@ -140,12 +146,18 @@ def checkpoint_ranks(
         return torch.load(os.path.join(base, f"torch-{rank}.pt"), weights_only=True)
 
     ops = {
-        "save": {"tdfunc": tdfunc_save, "dcp_flat": dcp_save, "torch_save": torch_save},
+        "save": {
+            "tdfunc": tdfunc_save,
+            "dcp_flat": dcp_save,
+            "torch_save": torch_save,
+            "dcp_control": dcp_save,
+        },
         "load": {
             "tdfunc": tdfunc_load,
             "dcp_flat": dcp_load,
             "torch_save": torch_load,
             "tdfunc_unverified": lambda: tdfunc_load(verify=False),
+            "dcp_control": dcp_load,
         },
     }
     if rank == 0:
@@ -165,7 +177,7 @@ def checkpoint_ranks(
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
                 if r:
                     times[c].append(dt.item())
-                if op == "save" and c == "dcp_flat":
+                if op == "save" and c.startswith("dcp"):
                     dcp_cleanup()
         for c in names:
             res[f"{op}/{c}"] = {"times": times[c]}
@@ -238,11 +250,12 @@ def test_checkpoint(
         "category": "distributed",
         "ranks": ranks,
         "leaf_bytes": res["leaf_bytes"],
-        "bytes_on_disk": res[f"bytes/{contender.removesuffix('_unverified')}"],
+        "bytes_on_disk": res[
+            f"bytes/{contender.removesuffix('_unverified').replace('dcp_control', 'dcp_flat')}"
+        ],
     }
-    if contender.startswith(
-        "tdfunc"
-    ):  # median of the per-round ratios (the rounds are interleaved)
+    if contender.startswith("tdfunc") or contender == "dcp_control":
+        # median of the per-round ratios (the rounds are interleaved)
         pairs = zip(r["times"], res[f"{op}/dcp_flat"]["times"])
         info["overhead_vs_dcp"] = _median([a / b for a, b in pairs])
     benchmark.extra_info.update(info)

@@ -60,8 +60,9 @@ def train(rank: int, world: int, path: str) -> dict[str, Any]:
             w=leaves["w"].detach() - LR * leaves["w"].grad,
             b=leaves["b"].detach() - LR * leaves["b"].grad,
         )
-    tdd.save_checkpoint(path, params)
+    digest = tdd.save_checkpoint(path, params)  # keep it where the readers trust it
     return {
+        "digest": digest,
         "rows_here": params["w"].to_local().shape[0],
         "first_loss": first,
         "last_loss": loss.item(),
@@ -86,7 +87,9 @@ def main() -> None:
         print("data files:", ", ".join(f"{f} ({n} B)" for f, n in files))
 
         # one process, no process group: reshard the 2 shards into full tensors
-        params = tdd.load_checkpoint(path)
+        # the digest (kept apart from the files) makes the load refuse any other content
+        params = tdd.load_checkpoint(path, digest=ranks[0]["digest"])
+        print(f"digest {ranks[0]['digest'][:23]}... checked")
         x, y = data()
         with torch.no_grad():
             loss = loss_of(params, x, y).item()

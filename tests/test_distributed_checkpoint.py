@@ -81,7 +81,8 @@ def test_async_save(four: Any) -> None:
     assert _same(res, "async_done") is True
     assert _same(res, "work_during_default_async") is True
     digest = _same(res, "async_default_digest")
-    assert digest.startswith("sha256:") and _same(res, "digest_on_disk") == digest
+    assert digest.startswith("sha256:")
+    assert _same(res, "digest_on_disk") == digest
     path = str(out / "ck4")
     assert res[0]["exists"] == ["FileExistsError", E.CKPT_EXISTS_SAVE.format(path=path)]
     for r in res[1:]:

@@ -13,19 +13,21 @@ Structure
     key) before any data is read, and ``like=None`` rebuilds the saved container with full
     plain tensors (one process, no process group: inspection and export).
 
-Checksums
-    DCP has none: a data file with flipped bytes loads without complaint. Each item DCP
-    writes is a ``torch.save`` zip archive, whose writer already computes a CRC-32 of every
-    record (its reader never checks them); right after writing, each rank reads the
-    archives' central directories (a few hundred bytes each) and the manifest records those
-    CRCs, so saving costs no second pass over the data. (With CRCs turned off in
-    ``torch.serialization``, the rank computes a CRC-32 of each item's bytes instead.) The
-    manifest also records the SHA-256 and size of DCP's ``.metadata`` (a pickle: checked
-    before it is unpickled) and the size of every data file. A load stats every file first
-    (missing or truncated files fail before any collective) and checks every record of each
-    item it reads against the manifest (:class:`CheckpointCorruptError` naming the file).
-    The checksums detect corruption, not tampering: a checkpoint is trusted like the
-    filesystem it lives on.
+Nothing read runs code
+    DCP's own ``.metadata`` is a pickle, and each item it writes is a ``torch.save``
+    archive (a pickle around the bytes). tdfunc never hands either to ``pickle``: the
+    manifest (JSON) describes every chunk DCP wrote (its leaf, offsets and sizes in the
+    global tensor, its file, the offset and size of its raw bytes inside the archive, and
+    the SHA-256 of its dtype, shape and bytes); a load builds DCP's ``Metadata`` from it,
+    lets DCP's planner decide which chunks each rank needs, and reads them as raw bytes
+    (``_ckpt_store.Reader``), after checking the manifest against the format and the files
+    (regular files only, no symlink, sizes, chunks inside their files, tiling their leaves,
+    no shared bytes, depth and size limits). Saving hashes each tensor in a background pool
+    while DCP writes it and the files are synced, so the checksums cost no extra pass over
+    the files. ``save_checkpoint`` returns the digest of the manifest: a caller that keeps it
+    elsewhere and passes it to ``load_checkpoint(digest=...)`` gets exactly that checkpoint
+    or :class:`CheckpointDigestError`; without it the checks catch accidents and
+    inconsistencies, not a consistent forgery.
 
 Atomic commit
     DCP writes straight into its target folder, so a save writes a fresh version folder::
@@ -38,13 +40,14 @@ Atomic commit
     and only when every rank has written and fsync-ed its files (DCP's final step, on the
     coordinator) does ``checkpoint.json`` switch to it, by ``os.replace`` of a fsync-ed file.
     A save killed at any point leaves ``checkpoint.json`` on the previous complete version;
-    its half-written folder is removed by the next successful save. Under a file lock, the
-    commit also checks that no other save committed meanwhile (compare-and-swap): of two
-    concurrent saves to one path, the later commit fails with
-    :class:`CheckpointConflictError`. The previous version is deleted after the switch: a
-    load pins the version ``checkpoint.json`` names when it starts, so a load that overlaps
-    the next commit fails with :class:`CheckpointCorruptError` (a file is missing), never
-    with data of two versions.
+    its half-written folder (and a stale temporary pointer) is removed by the next save,
+    before it writes. The coordinator of a live save holds a lock on its version folder, so
+    cleanup never removes it. Under a file lock, the commit also checks that no other save
+    committed meanwhile (compare-and-swap): of two concurrent saves to one path, the later
+    commit fails with :class:`CheckpointConflictError`. The previous version is deleted
+    after the switch; a load opens every file of the version ``checkpoint.json`` names
+    before reading, so a commit meanwhile does not disturb it (a folder that vanished
+    before it was opened makes the load follow the pointer again).
 
 Errors on every rank, never a hang
     Before any data moves, the ranks exchange a status and a digest of what they save or load
@@ -83,9 +86,9 @@ from .._errors import StructureError
 from .._keys import fmt_key
 from .._ops import check_same_structure
 from .._tree import KeyPath, Node, leaves_with_paths, map_leaves
+from . import _ckpt_store as store
 from . import _errors as E
 from . import _transfer as wire
-from . import _ckpt_store as store
 from ._ckpt_store import Manifest, Reader, Writer, check_target
 from ._mesh import check_node
 from ._placements import encode_placements

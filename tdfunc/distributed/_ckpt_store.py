@@ -18,6 +18,7 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -31,7 +32,7 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future as PyFuture
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import torch
@@ -332,10 +333,8 @@ def _leftovers(root: str, keep: str | None) -> list[str]:
 def remove_all(paths: Sequence[str]) -> None:
     for p in paths:
         if os.path.islink(p) or not os.path.isdir(p):
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(p)
-            except FileNotFoundError:
-                pass
         else:
             shutil.rmtree(p, ignore_errors=True)
 
@@ -512,7 +511,7 @@ class Writer(FileSystemWriter):
             hashes[_index_key(item.index)] = (t.nbytes, header, hash_blocks(_bytes_of(t)))
         fut = super().write_data(plan, planner)
         results = fut.wait()  # the file writer has finished by now
-        table: dict[str, list[list[Any]]] = {}
+        table: dict[str, list[WriteResult]] = {}
         for wr in results:
             rel = wr.storage_data.relative_path
             table.setdefault(rel, []).append(wr)
@@ -581,7 +580,7 @@ class Writer(FileSystemWriter):
 # reading: the manifest, the pinned files, the reader
 # --------------------------------------------------------------------------------------
 class _Chunk:
-    __slots__ = ("offsets", "sizes", "file", "at", "nbytes", "sha")
+    __slots__ = ("at", "file", "nbytes", "offsets", "sha", "sizes")
 
     def __init__(self, offsets: list[int], sizes: list[int], file: str, at: int, n: int, sha: str):
         self.offsets, self.sizes, self.file, self.at, self.nbytes, self.sha = (
@@ -609,7 +608,7 @@ class Manifest:
     def __init__(self, root: str, digest: str | None = None) -> None:
         self.root = root
         self.fds: dict[str, int] = {}
-        for attempt in range(5):
+        for _ in range(5):
             try:
                 self._open(digest)
                 return
@@ -630,6 +629,8 @@ class Manifest:
         except FileNotFoundError:
             raise FileNotFoundError(E.CKPT_NOT_FOUND.format(path=root, file=pointer_file)) from None
         ptr = _json(root, pointer_file, raw_ptr)
+        if isinstance(ptr, dict) and ptr.get("format") == FORMAT and ptr.get("version") == 1:
+            raise _corrupt(root, pointer_file, E.CKPT_OLD_FORMAT)
         ok = (
             isinstance(ptr, dict)
             and ptr.get("format") == FORMAT
@@ -692,7 +693,7 @@ class Manifest:
             self._leaf(e, mfile, spans)
         for file, ranges in spans.items():  # no two chunks share a byte
             ranges.sort()
-            for (a, n, ka), (b, _, kb) in zip(ranges, ranges[1:]):
+            for (a, n, ka), (b, _, kb) in itertools.pairwise(ranges):
                 _need(a + n <= b, root, mfile, f"chunks of {ka} and {kb} overlap in {file}")
         for name, size in self.sizes.items():  # every file: there, regular, of its size
             where = os.path.join(self.vdir, name)
@@ -873,7 +874,9 @@ class Reader(FileSystemReader):
         fut.set_result(None)
         return fut
 
-    def _deliver(self, req: Any, piece: Tensor, planner: LoadPlanner, file: str, direct: bool) -> None:
+    def _deliver(
+        self, req: Any, piece: Tensor, planner: LoadPlanner, file: str, direct: bool
+    ) -> None:
         if direct:
             planner.commit_tensor(req, planner.resolve_tensor(req).detach())
             return

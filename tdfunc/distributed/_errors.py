@@ -300,9 +300,14 @@ CKPT_COLLECTIVE = (
     "{op}: a collective between the ranks failed (a peer died or the network failed): "
     "{reason}{committed}"
 )
-CKPT_BAD_DIGEST = "load_checkpoint: digest must be a string 'sha256:<64 hex digits>', got {digest!r}"
+CKPT_BAD_DIGEST = (
+    "load_checkpoint: digest must be a string 'sha256:<64 hex digits>', got {digest!r}"
+)
 CKPT_COMMITTED = " (the checkpoint was committed before the failure)"
 CKPT_NOT_COMMITTED = " (nothing was committed; the previous checkpoint stays)"
-CKPT_ALLOC = (
-    "load_checkpoint: {path}: cannot allocate {key} of shape {shape} ({dtype}): {reason}"
+CKPT_ALLOC = "load_checkpoint: {path}: cannot allocate {key} of shape {shape} ({dtype}): {reason}"
+CKPT_OLD_FORMAT = (
+    "format version 1 (written by tdfunc 0.x before version 2 of the format): its metadata is "
+    "a pickle, which this version never reads; load it with the version that wrote it, in a "
+    "process you trust, and save it again"
 )
