@@ -72,8 +72,12 @@ def _reseal(root: Path, manifest: dict[str, Any] | None = None) -> None:
     for name in m["files"]:
         if (v / name).is_file() and not (v / name).is_symlink():
             m["files"][name] = os.path.getsize(v / name)
-    raw = json.dumps(m).encode()
-    (v / store.MANIFEST).write_bytes(raw)
+    _put_manifest(root, json.dumps(m).encode())
+
+
+def _put_manifest(root: Path, raw: bytes) -> None:
+    """``raw`` as the manifest, its SHA-256 recorded in the pointer."""
+    (_vdir(root) / store.MANIFEST).write_bytes(raw)
     ptr = json.loads((root / store.POINTER).read_text())
     ptr["manifest_sha256"] = hashlib.sha256(raw).hexdigest()
     (root / store.POINTER).write_text(json.dumps(ptr))
@@ -108,10 +112,7 @@ def test_crafted_pickle_in_every_file_read(tmp_path: Path, target: str, verify: 
     if target == "pointer":
         (root / store.POINTER).write_bytes(payload)
     elif target == "manifest":
-        (v / store.MANIFEST).write_bytes(payload)
-        ptr = json.loads((root / store.POINTER).read_text())
-        ptr["manifest_sha256"] = hashlib.sha256(payload).hexdigest()
-        (root / store.POINTER).write_text(json.dumps(ptr))
+        _put_manifest(root, payload)
     else:
         (v / "__0_0.distcp").write_bytes(payload)
         _reseal(root)
@@ -283,13 +284,10 @@ def test_changed_data_files(tmp_path: Path, how: str) -> None:
 # --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("depth", [1000, 100000])
 def test_deeply_nested_manifest(tmp_path: Path, depth: int) -> None:
-    root, v, _ = _saved(tmp_path)
+    root, _, _ = _saved(tmp_path)
     tree = "[" * depth + "]" * depth
     raw = f'{{"format": "{store.FORMAT}", "tree": {tree}}}'.encode()
-    (v / store.MANIFEST).write_bytes(raw)
-    ptr = json.loads((root / store.POINTER).read_text())
-    ptr["manifest_sha256"] = hashlib.sha256(raw).hexdigest()
-    (root / store.POINTER).write_text(json.dumps(ptr))
+    _put_manifest(root, raw)
     with pytest.raises(Corrupt, match=r"not JSON|nested"):
         tdd.load_checkpoint(root)
 
@@ -303,10 +301,7 @@ def test_manifest_nesting_3000_containers(tmp_path: Path) -> None:
     start = text.index('"tree":') + len('"tree":')
     end = text.index(',"leaves":')
     raw = (text[:start] + "[1, " + tree + "]" + text[end:]).encode()
-    (v / store.MANIFEST).write_bytes(raw)
-    ptr = json.loads((root / store.POINTER).read_text())
-    ptr["manifest_sha256"] = hashlib.sha256(raw).hexdigest()
-    (root / store.POINTER).write_text(json.dumps(ptr))
+    _put_manifest(root, raw)
     with pytest.raises(Corrupt, match=r"not JSON|nested"):
         tdd.load_checkpoint(root)
 

@@ -14,10 +14,11 @@ ordinary value here: every function takes one and returns a new one of the same 
   meshes (strategy ``"plan"``, the default for a receiving mesh), each receiver gets exactly
   the slices it keeps; :class:`Transfer` is the reusable form (weight sync every step) and
   :func:`transfer_plan` the pure planner behind both.
-* :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`export_safetensors`: checkpoints
-  on ``torch.distributed.checkpoint`` (each rank writes its shards, replicated leaves once),
-  resharded on load to any number of ranks and placements (or one process, no group), with
-  the container's structure, checksums and an atomic commit.
+* :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`export_safetensors`,
+  :func:`checkpoint_digest`: checkpoints on ``torch.distributed.checkpoint`` (each rank
+  writes its shards, replicated leaves once), resharded on load to any number of ranks and
+  placements (or one process, no group), with the container's structure, a SHA-256 of every
+  chunk, an atomic commit, a digest to load by, and a loader that never unpickles.
 
 Every function runs on every rank of the mesh (collectives inside), like DTensor itself; the
 ranks check once per transition that they ask for the same one (``ValueError`` on all of them
