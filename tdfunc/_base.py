@@ -483,12 +483,22 @@ class Container(Node):
         if impl is not None:
             return impl(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        if name in _ELEMENTWISE:
-            return ops.elementwise(func, args, kwargs)
         if name in _PYTREE_PASSTHROUGH:
             # functions that take any pytree of tensors: containers are pytrees already
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
+        if name == "wrapped":
+            # Tensor.__rsub__ & co. are functools.wraps wrappers; Dynamo (torch 2.15)
+            # reports the wrapper's code name as __name__: take the wrapped method's
+            name = getattr(getattr(func, "__wrapped__", None), "__name__", "")
+        dunder = _DUNDER.get(name)
+        if dunder is not None:  # the operator itself, in its order
+            op, swap = dunder
+            if swap:
+                args = (args[1], args[0], *args[2:])
+            return ops.elementwise(op, args, kwargs)
+        if name in _ELEMENTWISE:
+            return ops.elementwise(func, args, kwargs)
         return NotImplemented
 
 
@@ -547,6 +557,31 @@ _TORCH_FUNCTIONS: dict[Any, Callable[..., Any]] = {
 #: torch functions that accept arbitrary pytrees (higher-order ops such as
 #: ``torch.compiler.nested_compile_region``): called as they are.
 _PYTREE_PASSTHROUGH = frozenset({"invoke_subgraph_placeholder", "invoke_subgraph"})
+
+#: Tensor's operator methods as the operators they implement, and whether the arguments
+#: come reversed (``Tensor.__rsub__(t, td)`` is ``td - t``). Dynamo hands a container's
+#: ``__torch_function__`` these methods for ``td - t`` inside a compiled function; calling
+#: the operator instead of the method is the same computation on every torch.
+_BINARY_OPERATORS: dict[str, Callable[..., Any]] = {
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "truediv": operator.truediv,
+    "div": operator.truediv,
+    "floordiv": operator.floordiv,
+    "mod": operator.mod,
+    "pow": operator.pow,
+    "and": operator.and_,
+    "or": operator.or_,
+    "xor": operator.xor,
+}
+_DUNDER: dict[str, tuple[Callable[..., Any], bool]] = {
+    **{f"__{n}__": (op, False) for n, op in _BINARY_OPERATORS.items()},
+    **{f"__r{n}__": (op, True) for n, op in _BINARY_OPERATORS.items()},
+    "__neg__": (operator.neg, False),
+    "__abs__": (operator.abs, False),
+    "__invert__": (operator.invert, False),
+}
 
 _ELEMENTWISE = frozenset(
     """add sub mul div true_divide floor_divide remainder pow eq ne lt le gt ge maximum minimum

@@ -344,6 +344,13 @@ def _check_vmap_input(leaf: Tensor, batch_dims: int, key: str) -> None:
     check_vmapped_dim(leaf, batch_dims, key)
 
 
+def _nonneg(n: int) -> int:
+    """``max(n, 0)`` without the builtin: non-strict ``torch.export`` replaces ``max`` while
+    it traces, and Dynamo (tracing ``tdfunc.cond`` inside such an export, torch 2.15) refuses
+    the replacement ("op max not reachable")."""
+    return n if n > 0 else 0
+
+
 def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
     """Batch size of a node rebuilt from ``children`` (``None`` fields put back) under ``ctx``.
 
@@ -360,14 +367,14 @@ def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
             new_bd = bd + c.ndim - nd
             if new_bd == bd - 1 and _is_batched(c):
                 _check_vmap_input(c, bd, keys[i])
-            return c.shape[: max(new_bd, 0)]
+            return c.shape[: _nonneg(new_bd)]
         if isinstance(c, Node):
             new_bd = bd + len(c._batch_size) - nd
             if new_bd == bd - 1:
                 first = _first_tensor(c)
                 if first is not None and _is_batched(first):
                     _check_vmap_input(first, bd, keys[i])
-            return c._batch_size[: max(new_bd, 0)]
+            return c._batch_size[: _nonneg(new_bd)]
         return None
     return torch.Size(empty if empty is not None else ())
 
@@ -381,7 +388,7 @@ def _follow_parent(
         c = children[i]
         if not isinstance(c, Node):
             continue
-        extra = max(ndims[i] - bd, 0)
+        extra = _nonneg(ndims[i] - bd)
         cb = c._batch_size
         want = bs + cb[len(cb) - extra :] if extra else bs
         if want != cb:

@@ -197,6 +197,7 @@ def test_public_api_is_the_operations() -> None:
     assert sorted(tdd.__all__) == [
         "CheckpointConflictError",
         "CheckpointCorruptError",
+        "CheckpointDigestError",
         "CheckpointError",
         "DEFAULT_BACKEND",
         "DEFAULT_TIMEOUT",
@@ -205,6 +206,7 @@ def test_public_api_is_the_operations() -> None:
         "Transfer",
         "TransferPlan",
         "cache_clear",
+        "checkpoint_digest",
         "distribute",
         "export_safetensors",
         "from_local",

@@ -450,6 +450,7 @@ def save_checkpoint(
     except Exception as e:  # told to the other ranks, which would wait otherwise
         if owner is not None:
             os.close(owner)
+            owner = None
             shutil.rmtree(vdir, ignore_errors=True)
         if pg is None:
             raise
