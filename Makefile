@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-test
 BSTAMP := $(VENV)/.installed-bench
 DSTAMP := $(VENV)/.installed-docs
 
-.PHONY: setup setup-bench test fuzz demo bench bench-quick lint clean
+.PHONY: setup setup-bench test test-torch fuzz demo bench bench-quick lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,24 @@ docs-serve: $(DSTAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules tdfunc tests
 
+# the same suite on another torch release of the supported range (pyproject.toml), in a venv
+# of its own: make test-torch V=2.15.0 (or 2.14.1; V=2.13.0 is what make test runs). The
+# machine's pip cap on torch (a constraints file in pip's configuration) is lifted for these
+# installs only. 2.15.0 comes from the package index as its default Linux wheel (a CUDA
+# build, about 4 GB installed; it runs on the CPU).
+V      ?= 2.15.0
+TVENV  := .venv-torch-$(V)
+TSTAMP := $(TVENV)/.installed-test
+
+$(TSTAMP):
+	$(PYTHON) -m venv $(TVENV)
+	PIP_CONSTRAINT=/dev/null $(TVENV)/bin/python -m pip install -q torch==$(V)
+	PIP_CONSTRAINT=/dev/null $(TVENV)/bin/python -m pip install -q -e '.[test,safetensors]' torch==$(V)
+	touch $@
+
+test-torch: $(TSTAMP)
+	$(TVENV)/bin/python -m pytest -q -p no:cacheprovider --doctest-modules tdfunc tests
+
 # a long run of the program fuzzer (make test runs a few hundred programs; this thousands)
 # and of the safetensors differential fuzzer (make test: 300 files; this 10,000)
 fuzz: $(STAMP)
@@ -73,4 +91,4 @@ lint: $(STAMP)
 	exit $$rc
 
 clean:
-	rm -rf $(VENV) .pytest_cache .benchmarks
+	rm -rf $(VENV) .venv-torch-* .pytest_cache .benchmarks

@@ -15,6 +15,7 @@ from torch import Tensor
 from . import _errors as E
 from . import _keys
 from . import _ops as ops
+from ._compat import DisableTorchFunctionSubclass
 from ._keys import ABSENT, Key, as_path, get_path, is_key
 from ._tree import KeyPath, Node, leaves, shallow_copy
 
@@ -485,7 +486,7 @@ class Container(Node):
         name = getattr(func, "__name__", "")
         if name in _PYTREE_PASSTHROUGH:
             # functions that take any pytree of tensors: containers are pytrees already
-            with torch._C.DisableTorchFunctionSubclass():
+            with DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         if name == "wrapped":
             # Tensor.__rsub__ & co. are functools.wraps wrappers; Dynamo (torch 2.15)

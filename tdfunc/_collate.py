@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import get_worker_info
-from torch.utils.data._utils.collate import default_collate_fn_map
 
 from . import _ops as ops
+from ._compat import register_default_collate
 from ._tree import Node
 
 __all__ = ["collate_nodes"]
@@ -60,4 +60,4 @@ def _to_shared(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-default_collate_fn_map[Node] = collate_nodes
+register_default_collate(Node, collate_nodes)

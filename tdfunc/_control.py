@@ -25,12 +25,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch import Tensor
-from torch._higher_order_ops.scan import scan as _torch_scan
-from torch._higher_order_ops.while_loop import while_loop as _torch_while_loop
 
 from . import _errors as E
+from ._compat import pytree, torch_scan, torch_while_loop
 from ._tree import is_node
 
 # Tags inside structure keys. Strings, so that a key is a tuple of plain constants that both
@@ -275,7 +273,7 @@ def while_loop(
         _check_structure(ins, out, "while_loop body_fn", "carried_inputs")
         return _unalias(pytree.tree_leaves(out), xs)
 
-    result = _torch_while_loop(cond_flat, body_flat, tuple(flat))
+    result = torch_while_loop()(cond_flat, body_flat, tuple(flat))
     return pytree.tree_unflatten(list(result), spec)
 
 
@@ -348,7 +346,7 @@ def scan(
         leaves = _unalias(pytree.tree_leaves(new_c) + y_leaves, [*carry, *x])
         return list(leaves[:n_init]), {_spec_key(y_spec): leaves[n_init:]}
 
-    carry, ys = _torch_scan(combine_flat, flat_init, flat_xs, dim=dim, reverse=reverse)
+    carry, ys = torch_scan()(combine_flat, flat_init, flat_xs, dim=dim, reverse=reverse)
     ((key, y_leaves),) = ys.items()
     return (
         pytree.tree_unflatten(list(carry), init_spec),

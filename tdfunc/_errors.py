@@ -169,3 +169,8 @@ EXPAND_FEWER = (
     "batch dims of batch_size {batch_size}"
 )
 NEEDS_A_BATCH_DIM = "{op} expects at least one batch dim (batch_size is ())"
+# torch internals (tdfunc._compat)
+TORCH_MISSING = (
+    "{feature} is not available on torch {version}: it needs torch >= {minimum} "
+    "(tdfunc is checked on torch {checked})"
+)

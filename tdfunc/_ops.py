@@ -15,10 +15,11 @@ import torch
 from torch import Tensor
 
 from . import _errors as E
+from ._compat import check, foreach_add, foreach_div, foreach_mul, foreach_sub, is_batchedtensor
 from ._keys import KeyPath, fmt_key
 from ._tree import Node, is_node, leaves, leaves_with_paths, map_leaves, same_structure
 
-_is_batched = torch._C._functorch.is_batchedtensor
+_is_batched = is_batchedtensor
 
 
 # --------------------------------------------------------------------------------------
@@ -162,7 +163,7 @@ def _starts_with_batch_symbolic(
             return False
         label = where if isinstance(where, str) else f"key {fmt_key(where)}"
         msg = E.RUNTIME_BATCH_CHECK.format(where=label)
-        torch._check(eq, lambda msg=msg: msg)  # a message closing over constants only
+        check(eq, lambda msg=msg: msg)  # a message closing over constants only
     return True
 
 
@@ -899,10 +900,10 @@ def consolidate(node: Any) -> Any:
 # arithmetic
 # --------------------------------------------------------------------------------------
 _FOREACH: dict[Callable[..., Any], Callable[..., Any]] = {
-    operator.add: torch._foreach_add,
-    operator.sub: torch._foreach_sub,
-    operator.mul: torch._foreach_mul,
-    operator.truediv: torch._foreach_div,
+    operator.add: foreach_add,
+    operator.sub: foreach_sub,
+    operator.mul: foreach_mul,
+    operator.truediv: foreach_div,
 }
 
 #: ``number op leaf == leaf op number`` for these (same values, same type promotion)

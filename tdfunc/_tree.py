@@ -25,10 +25,10 @@ from typing import Any
 
 import optree
 import torch
-import torch.utils._pytree as pytree
 from torch import Tensor
 
 from . import _errors as E
+from ._compat import is_batchedtensor, pytree
 
 Key = str | tuple[str, ...]
 KeyPath = tuple[str, ...]
@@ -322,7 +322,7 @@ def flatten(node: Node) -> tuple[list[Any], tuple]:
     return [v for v in ch if v is not None], _context(node, ch)
 
 
-_is_batched = torch._C._functorch.is_batchedtensor
+_is_batched = is_batchedtensor
 
 
 def _first_tensor(node: Node) -> Tensor | None:

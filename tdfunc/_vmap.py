@@ -10,12 +10,13 @@ import torch
 from torch import Tensor
 
 from . import _errors as E
+from ._compat import maybe_get_bdim
 
 
 @torch.compiler.assume_constant_result
 def _vmapped_dim(t: Tensor) -> int:
     # a property of the trace (in_dims are Python ints), so a constant for torch.compile
-    return torch._C._functorch.maybe_get_bdim(t)
+    return maybe_get_bdim(t)
 
 
 def check_vmapped_dim(t: Tensor, batch_dims: int, key: str) -> None:

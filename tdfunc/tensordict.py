@@ -7,12 +7,12 @@ from typing import Any
 
 import optree
 import torch
-import torch.utils._pytree as pytree
 from torch import Tensor
 
 from . import _errors as E
 from . import _ops as ops
 from ._base import Container
+from ._compat import pytree
 from ._keys import MISSING, as_path, fmt_key, get_path, is_key, missing_message, set_path
 from ._tree import KeyPath, as_batch_size, is_node, register
 

@@ -616,8 +616,10 @@ def compiled_error_type(e: BaseException) -> type | str:
     """
     from torch._dynamo import exc as dexc
 
-    if isinstance(e, dexc.TorchRuntimeError):
+    fake_run = "failed to run FX node with fake tensors" in str(e)
+    if isinstance(e, dexc.TorchRuntimeError) or (isinstance(e, dexc.Unsupported) and fake_run):
         # "... failed to run FX node with fake tensors: call_function ...: got IndexError('...')"
+        # (torch 2.15 reports it as Unsupported, earlier releases as TorchRuntimeError)
         m = re.search(r"\): got (\w+)\(", str(e))
         real = getattr(builtins, m.group(1), None) if m else None
         return real if isinstance(real, type) else "torch"

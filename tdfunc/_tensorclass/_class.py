@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
 import optree
 import torch
-import torch.utils._pytree as pytree
 
 from .. import _errors as E
 from .. import _ops as ops
 from .._base import Container
+from .._compat import pytree
 from .._keys import as_path, get_path, is_key, missing_message, set_path
 from .._tree import as_batch_size, describe_child, is_node, register
 from ..tensordict import TensorDict

@@ -76,12 +76,11 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.utils._pytree as pytree
 from torch import Tensor
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Partial
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from .._compat import is_traceable_wrapper_subclass, pytree
 from .._errors import StructureError
 from .._keys import fmt_key
 from .._ops import check_same_structure

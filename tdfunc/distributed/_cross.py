@@ -42,12 +42,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
-import torch.utils._pytree as pytree
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
+from .._compat import DTensorSpec, TensorMeta, pytree
 from .._keys import KeyPath, fmt_key
 from .._tree import leaves_with_paths
 from . import _errors as E

@@ -7,8 +7,8 @@ from typing import Any, Protocol, cast
 
 from torch import Tensor
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
-from torch.distributed.tensor.placement_types import _StridedShard
 
+from .._compat import StridedShard
 from .._keys import KeyPath, as_path, fmt_key
 from . import _errors as E
 
@@ -52,8 +52,8 @@ def encode_placement(p: Placement, key: KeyPath = ()) -> dict[str, Any]:
         return {"type": "replicate"}
     if typ is Partial:
         return {"type": "partial", "reduce_op": str(cast(Partial, p).reduce_op)}
-    if typ is _StridedShard:
-        ss = cast(_StridedShard, p)
+    if typ is StridedShard:
+        ss = cast(StridedShard, p)
         return {"type": "strided_shard", "dim": int(ss.dim), "split_factor": int(ss.split_factor)}
     raise TypeError(
         E.UNENCODABLE_PLACEMENT.format(
@@ -77,7 +77,7 @@ def decode_placement(obj: Any) -> Placement:
     if kind == "partial" and isinstance(obj.get("reduce_op"), str):
         return Partial(obj["reduce_op"])
     if kind == "strided_shard" and isinstance(obj.get("dim"), int):
-        return _StridedShard(obj["dim"], split_factor=int(obj["split_factor"]))
+        return StridedShard(obj["dim"], split_factor=int(obj["split_factor"]))
     raise ValueError(E.BAD_PLACEMENT_JSON.format(obj=obj))
 
 
@@ -126,7 +126,7 @@ def normalize(key: KeyPath, placements: Any, shape: Sequence[int], mesh: MeshSha
             raise TypeError(
                 E.PLACEMENT_TYPE.format(key=fmt_key(key), value=p, typ=type(p).__name__)
             )
-        if isinstance(p, (Shard, _StridedShard)):
+        if isinstance(p, (Shard, StridedShard)):
             if not -ndim <= p.dim < ndim:
                 raise ValueError(
                     E.SHARD_DIM.format(
@@ -136,8 +136,8 @@ def normalize(key: KeyPath, placements: Any, shape: Sequence[int], mesh: MeshSha
             if p.dim < 0:
                 d = p.dim + ndim
                 p = (
-                    _StridedShard(d, split_factor=p.split_factor)
-                    if isinstance(p, _StridedShard)
+                    StridedShard(d, split_factor=p.split_factor)
+                    if isinstance(p, StridedShard)
                     else Shard(d)
                 )
         out.append(p)

@@ -36,7 +36,8 @@ import torch
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+from .._compat import DTensorSpec, TensorMeta
 
 Placements = tuple[Placement, ...]
 

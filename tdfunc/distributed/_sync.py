@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.utils._pytree as pytree
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial
 
+from .._compat import pytree
 from .._keys import fmt_key
 from .._tree import is_node, leaves_with_paths
 from . import _cross as X

@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.utils._pytree as pytree
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from .._compat import pytree
 from .._keys import KeyPath, fmt_key
 from . import _errors as E
 from ._placements import encode_placements

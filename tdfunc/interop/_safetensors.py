@@ -44,9 +44,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch import Tensor
 
+from .._compat import pytree
 from .._keys import fmt_key
 from .._tensorclass import restore
 from .._tree import KeyPath, Node, is_node

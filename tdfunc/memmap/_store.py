@@ -64,9 +64,9 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch import Tensor
 
+from .._compat import pytree
 from .._keys import fmt_key
 from .._tensorclass import is_tensorclass, restore
 from .._tree import KeyPath, Node, is_node

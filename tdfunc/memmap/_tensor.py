@@ -102,6 +102,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._compat import (
+    DisableTorchFunctionSubclass,
+    OpOverloadPacket,
+    TensorBase,
+    is_alias_of,
+    is_functional_tensor,
+    is_functorch_wrapped_tensor,
+    make_wrapper_subclass,
+    register_ordered_effect,
+)
 from . import _errors as E
 
 MODES = ("r", "r+", "c")
@@ -182,7 +192,7 @@ def _refuse_write_fake(x: Tensor, filename: str, op: str) -> None:
     return None
 
 
-_refuse_write.register_effect(torch.library.EffectType.ORDERED)
+register_ordered_effect(_refuse_write)
 
 
 # --------------------------------------------------------------------------------------
@@ -330,14 +340,14 @@ def _kind(func: Any) -> tuple[int, frozenset[str]]:
     kind = (_CHECKED, frozenset())
     name = getattr(func, "__name__", "")
     owner = getattr(func, "__self__", None) if name == "__get__" else func
-    if getattr(owner, "__objclass__", None) is torch._C.TensorBase and (
+    if getattr(owner, "__objclass__", None) is TensorBase and (
         getattr(owner, "__name__", "") in _METADATA
     ):
         kind = (_META, frozenset())
     elif isinstance(func, _BUILTINS):
         name = _OPERATORS.get(name, name)
         packet = None if name.startswith("__") else getattr(torch.ops.aten, name, None)
-        if isinstance(packet, torch._ops.OpOverloadPacket):
+        if isinstance(packet, OpOverloadPacket):
             schemas = [getattr(packet, o)._schema for o in packet.overloads()]
             args = [a for s in schemas for a in s.arguments]
             if not any(
@@ -352,11 +362,7 @@ def _mapped(x: Any) -> Tensor | None:
     """The plain tensor over real mapped memory behind leaf ``x`` (``None`` for a fake or
     functional tensor made while ``torch.compile`` traces: such calls go the checked way)."""
     t = x._inner
-    if (
-        type(t) is not Tensor
-        or torch._is_functional_tensor(t)
-        or torch._C._functorch.is_functorch_wrapped_tensor(t)
-    ):
+    if type(t) is not Tensor or is_functional_tensor(t) or is_functorch_wrapped_tensor(t):
         return None
     return t
 
@@ -379,7 +385,7 @@ def _rewrap_aliases(out: Any, leaves: list[tuple[Tensor | None, MemoryMappedTens
     if type(out) is Tensor:
         if out.layout == torch.strided:
             for t, leaf in leaves:
-                if t is not None and torch._C._is_alias_of(out, t):  # type: ignore[attr-defined]
+                if t is not None and is_alias_of(out, t):
                     return _rewrap(out, leaf)
         return out
     if isinstance(out, (list, tuple)) and not isinstance(out, torch.Size):
@@ -459,7 +465,7 @@ class MemoryMappedTensor(Tensor):
             out = t.__torch_function__(func, others, args, kw)
             if out is not NotImplemented:
                 return out
-        with torch._C.DisableTorchFunctionSubclass():
+        with DisableTorchFunctionSubclass():
             return func(*args, **kw)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> MemoryMappedTensor:
@@ -476,7 +482,7 @@ class MemoryMappedTensor(Tensor):
         """Trusted constructor: wrap a plain tensor whose storage maps the bytes of
         ``filename`` that start at ``offset``; ``ident`` is the mapped file's
         ``(device, inode)`` (``None``: looked up when pickled)."""
-        r = Tensor._make_wrapper_subclass(
+        r = make_wrapper_subclass(
             MemoryMappedTensor,
             inner.shape,
             strides=inner.stride(),
@@ -587,9 +593,7 @@ class MemoryMappedTensor(Tensor):
         if self._storage is None:
             t = self._inner
             if (
-                type(t) is not Tensor
-                or torch._is_functional_tensor(t)
-                or torch._C._functorch.is_functorch_wrapped_tensor(t)
+                type(t) is not Tensor or is_functional_tensor(t) or is_functorch_wrapped_tensor(t)
             ):  # a fake / functional leaf made while tracing: it has no memory to alias
                 return Tensor.untyped_storage(self)
             inner = t.untyped_storage()

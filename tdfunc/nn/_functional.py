@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._compat import is_alias_of
 from .._tree import is_node, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
 from ._errors import (
@@ -204,7 +205,7 @@ def _same_tensor(a: Tensor, b: Tensor) -> bool:
     """``a`` and ``b`` are one tensor: the same object, or aliases with the same geometry (as
     ``state_dict()`` gives for tied weights: one detached alias per name)."""
     return a is b or (
-        torch._C._is_alias_of(a, b)  # type: ignore[attr-defined]
+        is_alias_of(a, b)
         and a.shape == b.shape
         and a.stride() == b.stride()
         and a.storage_offset() == b.storage_offset()

@@ -30,38 +30,43 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._compat import (
+    NormBase,
+    add_batch_dim,
+    get_unwrapped,
+    is_batchedtensor,
+    lazy_clone,
+    maybe_get_bdim,
+    maybe_get_level,
+)
+from .._compat import is_functorch_wrapped_tensor as _is_wrapped
 from ..memmap._tensor import MemoryMappedTensor
 
-_NormBase = nn.modules.batchnorm._NormBase
 _NORM_STATISTICS = ("running_mean", "running_var")
 _FusedFakeQuantize = torch.ao.quantization.FusedMovingAvgObsFakeQuantize
 _FUSED_FQ_STATE = ("scale", "zero_point")
 _OBSERVED_RANGE = ("min_val", "max_val")
 
 
-_lazy_clone = torch.ops.aten._lazy_clone.default
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-
-
 def unwrapped(t: Tensor) -> Tensor:
     """The tensor under ``t``'s functorch wrappers (``t`` itself outside any transform)."""
     while _is_wrapped(t):
-        t = torch._C._functorch.get_unwrapped(t)
+        t = get_unwrapped(t)
     return t
 
 
 def _cow_or_copy(t: Tensor, buffer: bool) -> Tensor:
     if buffer or isinstance(t, MemoryMappedTensor):
         return t.clone()
-    return _lazy_clone(t)
+    return lazy_clone(t)
 
 
 def _no_cow_below(t: Tensor) -> bool:
     """A vmap level or a memory-mapped tensor under ``t``'s wrappers: no copy-on-write."""
     while _is_wrapped(t):
-        if torch._C._functorch.is_batchedtensor(t):
+        if is_batchedtensor(t):
             return True
-        t = torch._C._functorch.get_unwrapped(t)
+        t = get_unwrapped(t)
     return isinstance(t, MemoryMappedTensor)
 
 
@@ -88,17 +93,15 @@ def private_copy(t: Tensor, buffer: bool = False) -> Tensor:
     levels: list[tuple[int, int]] = []
     base = t
     while _is_wrapped(base):
-        if not torch._C._functorch.is_batchedtensor(base):
+        if not is_batchedtensor(base):
             # a differentiated tensor: the copy must stay differentiable; copy-on-write has
             # no batching rule and needs memory torch allocated
-            return t.clone() if _no_cow_below(base) else _lazy_clone(t)
-        levels.append(
-            (torch._C._functorch.maybe_get_bdim(base), torch._C._functorch.maybe_get_level(base))
-        )
-        base = torch._C._functorch.get_unwrapped(base)
+            return t.clone() if _no_cow_below(base) else lazy_clone(t)
+        levels.append((maybe_get_bdim(base), maybe_get_level(base)))
+        base = get_unwrapped(base)
     out = _cow_or_copy(base, buffer)
     for bdim, level in reversed(levels):
-        out = torch._C._functorch._add_batch_dim(out, bdim, level)
+        out = add_batch_dim(out, bdim, level)
     return out
 
 
@@ -141,7 +144,7 @@ class _Snapshot:
                         ids.add(id(t))
                         count += 1
             modules.append((prefix, m, len(params), len(buffers), nones))
-            if isinstance(m, (_NormBase, _FusedFakeQuantize)):
+            if isinstance(m, (NormBase, _FusedFakeQuantize)):
                 self._note_writer(m)
             subs = m._modules
             if subs:
@@ -157,7 +160,7 @@ class _Snapshot:
                             self.by_id.setdefault(id(t), []).append((m, name))
 
     def _note_writer(self, m: nn.Module) -> None:
-        if isinstance(m, _NormBase):
+        if isinstance(m, NormBase):
             self.writers = self.writers or bool(m.training and m.track_running_stats)
         else:
             self.writers = True
@@ -238,7 +241,7 @@ def _undeclared_write(where: list[Slot], fused_observers: set[int]) -> bool:
     every mode alike.
     """
     for m, name in where:
-        if name in _NORM_STATISTICS and isinstance(m, _NormBase):
+        if name in _NORM_STATISTICS and isinstance(m, NormBase):
             if m.training and m.track_running_stats:
                 return True
         elif (name in _FUSED_FQ_STATE and isinstance(m, _FusedFakeQuantize)) or (

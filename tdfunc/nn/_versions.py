@@ -31,13 +31,10 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 
 import torch
-import torch._dynamo
 from torch import Tensor
-from torch.nn.utils.stateless import _reparametrize_module
 
+from .._compat import is_cow, reparametrize_module
 from ._state import Slot, _is_wrapped, private_copy, swapped, unwrapped
-
-_is_cow = torch._C._is_cow_tensor  # type: ignore[attr-defined]
 
 
 def _lengths(tensors: list[Tensor]) -> list[Tensor]:
@@ -86,29 +83,29 @@ def write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tuple[int, 
     for t, s in zip(tensors, storages):
         if _is_wrapped(t):
             t = unwrapped(t)
-        out.append((t._version, t.untyped_storage()._cdata if s else 0, _is_cow(t)))
+        out.append((t._version, t.untyped_storage()._cdata if s else 0, is_cow(t)))
     return out
 
 
-@torch._dynamo.substitute_in_graph(write_marks)
+@torch.compiler.substitute_in_graph(write_marks)
 def _traced_write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tuple[int, int, bool]]:
     # fake tensors have no copy-on-write memory and no storage to swap (see above)
     return [(o.shape[0], 0, False) for o in torch.ops.tdfunc.versions(tensors)]
 
 
-@torch._dynamo.substitute_in_graph(private_copy)
+@torch.compiler.substitute_in_graph(private_copy)
 def _traced_private_copy(t: Tensor, buffer: bool = False) -> Tensor:
     # A compiled graph is functional: a copy is a clone there, whatever it is eagerly, and
     # inductor removes the clones nothing writes (``aten._lazy_clone`` would stay an op call)
     return t.clone()
 
 
-@torch._dynamo.substitute_in_graph(swapped)  # type: ignore[arg-type]
+@torch.compiler.substitute_in_graph(swapped)  # type: ignore[arg-type]
 def _traced_swapped(
     module: torch.nn.Module, swap: dict[str, Tensor], slots: list[Slot]
 ) -> AbstractContextManager[None]:
     # torch's reparametrisation: Dynamo lets it mutate the module inside higher-order ops
-    return _reparametrize_module(module, swap, stack_weights=True)
+    return reparametrize_module(module, swap, stack_weights=True)
 
 
 __all__ = ["write_marks"]

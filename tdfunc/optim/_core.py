@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from .. import _compat as C
 from .._ops import _can_foreach, check_same_structure
 from .._tree import has_leaves, is_node, leaves, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
@@ -345,27 +346,27 @@ class Lists:
 
     def neg(self, xs: list[Tensor]) -> list[Tensor]:
         if self.fe:
-            return list(torch._foreach_neg(xs))
+            return list(C.foreach_neg(xs))
         return [torch.neg(x) for x in xs]
 
     def sign(self, xs: list[Tensor]) -> list[Tensor]:
         if self.fe:
-            return list(torch._foreach_sign(xs))
+            return list(C.foreach_sign(xs))
         return [torch.sign(x) for x in xs]
 
     def sqrt(self, xs: list[Tensor]) -> list[Tensor]:
         if self.fe:
-            return list(torch._foreach_sqrt(xs))
+            return list(C.foreach_sqrt(xs))
         return [torch.sqrt(x) for x in xs]
 
     def mul(self, xs: list[Tensor], s: Any) -> list[Tensor]:
         if self.fe:
-            return list(torch._foreach_mul(xs, s))
+            return list(C.foreach_mul(xs, s))
         return [x * bcast(s, x) for x in xs]
 
     def mul_(self, xs: list[Tensor], s: Any) -> list[Tensor]:
         if self.fe:
-            torch._foreach_mul_(xs, s)
+            C.foreach_mul_(xs, s)
         else:
             for x in xs:
                 x.mul_(bcast(s, x))
@@ -373,7 +374,7 @@ class Lists:
 
     def div_(self, xs: list[Tensor], s: Any) -> list[Tensor]:
         if self.fe:
-            torch._foreach_div_(xs, s)
+            C.foreach_div_(xs, s)
         else:
             for x in xs:
                 x.div_(bcast(s, x))
@@ -381,7 +382,7 @@ class Lists:
 
     def add_scalar_(self, xs: list[Tensor], s: Any) -> list[Tensor]:
         if self.fe:
-            torch._foreach_add_(xs, s)
+            C.foreach_add_(xs, s)
         else:
             for x in xs:
                 x.add_(bcast(s, x))
@@ -389,12 +390,12 @@ class Lists:
 
     def mul_list(self, xs: list[Tensor], ys: list[Tensor]) -> list[Tensor]:
         if self.fe:
-            return list(torch._foreach_mul(xs, ys))
+            return list(C.foreach_mul(xs, ys))
         return [x * y for x, y in zip(xs, ys)]
 
     def div_list(self, xs: list[Tensor], ys: list[Tensor]) -> list[Tensor]:
         if self.fe:
-            return list(torch._foreach_div(xs, ys))
+            return list(C.foreach_div(xs, ys))
         return [x / y for x, y in zip(xs, ys)]
 
     def add(self, xs: list[Tensor], ys: list[Tensor], alpha: Any = 1.0) -> list[Tensor]:
@@ -402,14 +403,14 @@ class Lists:
         if isinstance(alpha, Tensor):
             return self.add(xs, self.mul(ys, alpha))
         if self.fe:
-            return list(torch._foreach_add(xs, ys, alpha=alpha))
+            return list(C.foreach_add(xs, ys, alpha=alpha))
         return [torch.add(x, y, alpha=alpha) for x, y in zip(xs, ys)]
 
     def add_(self, xs: list[Tensor], ys: list[Tensor], alpha: Any = 1.0) -> list[Tensor]:
         if isinstance(alpha, Tensor):
             return self.add_(xs, self.mul(ys, alpha))
         if self.fe:
-            torch._foreach_add_(xs, ys, alpha=alpha)
+            C.foreach_add_(xs, ys, alpha=alpha)
         else:
             for x, y in zip(xs, ys):
                 x.add_(y, alpha=alpha)
@@ -417,14 +418,14 @@ class Lists:
 
     def lerp(self, xs: list[Tensor], ys: list[Tensor], w: float) -> list[Tensor]:
         if self.fe:
-            return list(torch._foreach_lerp(xs, ys, w))
+            return list(C.foreach_lerp(xs, ys, w))
         return [torch.lerp(x, y, w) for x, y in zip(xs, ys)]
 
     def addcmul_(
         self, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: float
     ) -> list[Tensor]:
         if self.fe:
-            torch._foreach_addcmul_(xs, ys, zs, value)
+            C.foreach_addcmul_(xs, ys, zs, value)
         else:
             # not addcmul_: it has no vmap batching rule (a slow fallback and a warning)
             for x, y, z in zip(xs, ys, zs):
@@ -435,14 +436,14 @@ class Lists:
         self, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: float
     ) -> list[Tensor]:
         if self.fe:
-            return list(torch._foreach_addcmul(xs, ys, zs, value))
+            return list(C.foreach_addcmul(xs, ys, zs, value))
         return [torch.add(x, y * z, alpha=value) for x, y, z in zip(xs, ys, zs)]
 
     def addcdiv_(
         self, xs: list[Tensor], ys: list[Tensor], zs: list[Tensor], value: float
     ) -> list[Tensor]:
         if self.fe:
-            torch._foreach_addcdiv_(xs, ys, zs, value)
+            C.foreach_addcdiv_(xs, ys, zs, value)
         else:
             for x, y, z in zip(xs, ys, zs):
                 x.add_(y / z, alpha=value)
@@ -450,7 +451,7 @@ class Lists:
 
     def maximum(self, xs: list[Tensor], ys: list[Tensor]) -> list[Tensor]:
         if self.fe:
-            return list(torch._foreach_maximum(xs, ys))
+            return list(C.foreach_maximum(xs, ys))
         return [torch.maximum(x, y) for x, y in zip(xs, ys)]
 
 
@@ -544,7 +545,7 @@ def apply_updates(params: Any, updates: Any) -> Any:
         raise AssertionError("unreachable: the structures differ")  # pragma: no cover
     lp, lu = lists
     if _can_foreach(lp) and _can_foreach(lu) and all(p.shape == u.shape for p, u in zip(lp, lu)):
-        out = list(torch._foreach_add(lp, lu))
+        out = list(C.foreach_add(lp, lu))
     else:
         out = [p + u for p, u in zip(lp, lu)]
     out = [o if o.dtype == p.dtype else o.to(p.dtype) for o, p in zip(out, lp)]

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._compat import foreach_norm
 from .._tree import KeyPath, is_node, leaves, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
 from . import _errors as E
@@ -102,7 +103,7 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
         if not g:
             return [], {}
         if L.fe:
-            total = torch.linalg.vector_norm(torch.stack(list(torch._foreach_norm(g))))
+            total = torch.linalg.vector_norm(torch.stack(list(foreach_norm(g))))
         else:
             # one norm per member: reduce the feature dims only (under vmap there are none
             # left of the batch: each member is reduced on its own)
