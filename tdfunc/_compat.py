@@ -18,6 +18,7 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | ... (16 foreach_* names)       | _div, _div_, _neg, _sign, _sqrt, _lerp, _addcmul,      |      |      |      |                    |
 |                                | _addcmul_, _addcdiv_, _maximum, _norm                  |      |      |      |                    |
 | check                          | torch._check                                           | ok   | ok   | ok   | none yet           |
+| assert_async                   | torch._assert_async                                    | ok   | ok   | ok   | none yet           |
 | is_batchedtensor               | torch._C._functorch.is_batchedtensor                   | ok   | ok   | ok   | none yet           |
 | is_functorch_wrapped_tensor    | torch._C._functorch.is_functorch_wrapped_tensor        | ok   | ok   | ok   | none yet           |
 | get_unwrapped                  | torch._C._functorch.get_unwrapped                      | ok   | ok   | ok   | none yet           |
@@ -193,6 +194,8 @@ foreach_norm = _function(lambda: torch._foreach_norm, _FOREACH)
 # --------------------------------------------------------------------------------------
 #: ``torch._check``: assert a (symbolic) condition, checked when the compiled program runs
 check = _function(lambda: torch._check, "runtime shape checks (torch._check)")
+#: ``torch._assert_async``: fail the (compiled) program at run time when a tensor is False
+assert_async = _function(lambda: torch._assert_async, "run-time assertions (torch._assert_async)")
 
 
 # --------------------------------------------------------------------------------------

@@ -425,16 +425,7 @@ BREAKS = {
 ONE_GRAPH = [k for k in KINDS if k not in BREAKS]
 
 
-# torch's fake tensors do not bump the version counter for in-place foreach ops (eager kernels
-# do), so Dynamo sees no write: a limit of torch 2.13, documented in functional_call
-_FOREACH_LIMIT = pytest.mark.xfail(
-    reason="torch 2.13: fake tensors record no version for in-place foreach ops", strict=True
-)
-
-
-@pytest.mark.parametrize(
-    "kind", [pytest.param(k, marks=_FOREACH_LIMIT) if k == "foreach" else k for k in ONE_GRAPH]
-)
+@pytest.mark.parametrize("kind", ONE_GRAPH)
 def test_compiled_fullgraph_matches_stateful(kind: str) -> None:
     m, x, state = _setup(kind)
     # tensors of their own (the module's own Parameters would be the same objects as the
@@ -453,6 +444,68 @@ def test_compiled_fullgraph_matches_stateful(kind: str) -> None:
     fn(tdfunc.from_module(copy.deepcopy(m)).detach().clone(), x)
     assert cnt.frame_count == 1
     assert_module_untouched(m, mrec)
+
+
+def _written_keys(new: tdfunc.TensorDict, state: tdfunc.TensorDict) -> set[str]:
+    """The keys whose tensor in ``new`` is not the given one (what the call reports written)."""
+    return {".".join(p) for p, v in new.items(True, True) if v is not state[p]}
+
+
+# observers and fake-quantize modules: compiled (graph breaks inside them), the written
+# buffers and the refusal are exactly the eager ones (a mark taken in a traced frame before
+# the call and one taken eagerly after it used to disagree on the storage: false writes)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize(
+    "kind",
+    ["fake_quantize", "per_channel_fake_quantize", "per_channel_observer", "histogram_observer"],
+)
+def test_compiled_quantization_state_is_the_eager_state(kind: str, backend: str) -> None:
+    m, x, state = _setup(kind)
+    eager_out, eager_new = _call(m)(state, x)
+    eager_written = _written_keys(eager_new, state)
+    assert eager_written  # they do write (observed ranges, scale, zero point)
+    with pytest.raises(PermissionError) as eager_refusal:
+        tdfunc.functional_call(m, state, (x,))
+    cnt = CompileCounterWithBackend(backend)
+    fn = torch.compile(_call(m), backend=cnt)
+    plain = torch.compile(lambda s, x: tdfunc.functional_call(m, s, (x,)), backend=backend)
+    graphs = None
+    for _ in range(10):
+        out, new = fn(state, x)
+        assert _written_keys(new, state) == eager_written
+        _compare(out, new, eager_out, eager_new)
+        with pytest.raises(PermissionError) as refusal:
+            plain(state, x)
+        assert str(refusal.value) == str(eager_refusal.value)
+        graphs = cnt.frame_count if graphs is None else graphs
+        assert cnt.frame_count == graphs  # no recompile after the first step
+
+
+# a buffer written by an in-place foreach op: fake tensors record no version for it, so the
+# compiled call compares the buffers' values instead: the write is returned or refused,
+# never lost (eagerly the version counter sees it)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_compiled_foreach_buffer_write_is_never_lost(backend: str) -> None:
+    m, x, state = _setup("foreach")
+    ref_out, ref_state = _stateful(m, x)
+    cnt = CompileCounterWithBackend(backend)
+    fn = torch.compile(_call(m), backend=cnt, fullgraph=True)
+    plain = torch.compile(
+        lambda s, x: tdfunc.functional_call(m, s, (x,)), fullgraph=True, backend=backend
+    )
+    srec = _state_record(state)
+    for _ in range(10 if backend != "inductor" else 2):
+        out, new = fn(state, x)
+        _compare(out, new, ref_out, ref_state)
+        with pytest.raises(RuntimeError, match="PermissionError: .*writes the buffer 'a'"):
+            plain(state, x)
+        assert cnt.frame_count == 1
+    assert_state_untouched(state, srec)
+    # a call that leaves the values as they were passes the check: with x = 0 and both
+    # buffers at 0, the lerp towards x.mean(0) = 0 keeps them
+    zero = torch.zeros_like(x)
+    settled = state.set("a", torch.zeros(3)).set("b", torch.zeros(3))
+    torch.testing.assert_close(plain(settled, zero), zero)
 
 
 # every kind with aot_eager; a few with the eager backend too (where the graph-broken code runs

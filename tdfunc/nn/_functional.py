@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._compat import is_alias_of
+from .._compat import assert_async, is_alias_of
 from .._tree import is_node, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
 from ._errors import (
@@ -304,19 +304,32 @@ def _new_state(state: Any, prefix: str, written: dict[str, Tensor], alias: dict[
     return type(state)(parts)
 
 
-def _raise_written(module: nn.Module, key: str) -> None:
+def _written_message(module: nn.Module, key: str) -> str:
     *path, name = key.split(".")
     owner = module.get_submodule(".".join(path))
     kind = "parameter" if name in owner._parameters else "buffer"
-    raise PermissionError(
-        STATE_WRITTEN.format(
-            module=repr(".".join(path)) if path else "(the root module)",
-            cls=type(owner).__name__,
-            kind=kind,
-            name=name,
-            key=key,
-        )
+    return STATE_WRITTEN.format(
+        module=repr(".".join(path)) if path else "(the root module)",
+        cls=type(owner).__name__,
+        kind=kind,
+        name=name,
+        key=key,
     )
+
+
+def _raise_written(module: nn.Module, key: str) -> None:
+    raise PermissionError(_written_message(module, key))
+
+
+def _assert_unwritten(module: nn.Module, key: str, copy: Tensor, original: Tensor) -> None:
+    """Fail the call if the buffer's copy no longer holds the given values (a write torch
+    recorded nothing for while Dynamo traced; the check runs in the compiled program)."""
+    if copy.shape != original.shape or copy.dtype != original.dtype:
+        _raise_written(module, key)
+    same = copy == original
+    if copy.is_floating_point() or copy.is_complex():
+        same = same | (copy.isnan() & original.isnan())
+    assert_async(same.all(), f"PermissionError: {_written_message(module, key)}")
 
 
 def functional_call(
@@ -429,15 +442,21 @@ def functional_call(
         missing = [k for k in own if k in persistent and k not in flat and k not in tied_given]
         if missing:
             raise KeyError(MISSING_KEYS.format(keys=missing, module=name))
-    out, written, created = call_with_state(module, flat, matched.slots, args, kwargs, tie_weights)
+    out, written, created, maybe = call_with_state(
+        module, flat, matched.slots, args, kwargs, tie_weights
+    )
     if not return_state:
         if written:
             _raise_written(module, next(iter(written)))
+        for key, copy in maybe.items():
+            _assert_unwritten(module, key, copy, flat[key])
         if created:
             raise PermissionError(
                 STATE_CREATED.format(key=next(iter(created)), cls=type(module).__name__)
             )
         return out
+    if maybe:  # their values are right whether or not the module wrote them
+        written = {**maybe, **written}
     new = state if not written else _new_state(state, "", written, matched.alias)
     for key, value in created.items():
         new = _with_created(new, key, value)

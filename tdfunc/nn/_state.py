@@ -251,6 +251,14 @@ def _undeclared_write(where: list[Slot], fused_observers: set[int]) -> bool:
     return False
 
 
+def _same_mark(m0: tuple[int, int, bool], m1: tuple[int, int, bool]) -> bool:
+    """Whether two write marks say "not written". A storage identity of 0 is unknown (the
+    traced reader's marks carry none): a graph break can put the mark taken before the call
+    in a traced frame and the one after it in an eager frame, so storages are compared only
+    when both marks have one (the caller confirms such a mixed pair by value)."""
+    return m0[0] == m1[0] and m0[2] == m1[2] and (not m0[1] or not m1[1] or m0[1] == m1[1])
+
+
 def _same_values(a: Tensor, b: Tensor) -> bool:
     """Equal values, compared under the functorch wrappers (``torch.equal`` has no batching
     rule): a copy-on-write clone whose memory was copied without being written."""
@@ -277,12 +285,15 @@ def call_with_state(
             same copy (tied weights, submodules reachable under two names).
 
     Returns:
-        ``(output, written, created)``: the module's output; for each name whose tensor the
-        module wrote in place or rebound, the tensor holding the new value; and the persistent
-        parameters/buffers the module created while it ran, by dotted name. The module is left
-        exactly as it was (its own tensor objects back in every slot, created ones removed).
+        ``(output, written, created, maybe)``: the module's output; for each name whose tensor
+        the module wrote in place or rebound, the tensor holding the new value; the persistent
+        parameters/buffers the module created while it ran, by dotted name; and the buffers
+        whose marks cannot rule out a write (only while Dynamo traces: see
+        :func:`~tdfunc.nn._versions.unverified`), with their copies: the caller compares
+        values. The module is left exactly as it was (its own tensor objects back in every
+        slot, created ones removed).
     """
-    from ._versions import write_marks  # imports torch._dynamo: on first use only
+    from ._versions import unverified, write_marks  # first use only
 
     snapshot = _Snapshot(module, tie_weights)
     by_id = snapshot.by_id
@@ -317,8 +328,10 @@ def call_with_state(
         with swapped(module, swap, swap_slots):
             out = module(*args, **(kwargs or {}))
         after = write_marks(copies, is_buffer)
+        unsure = unverified(is_buffer)
         written: dict[str, Tensor] = {}
-        for name, c, m0, m1 in zip(tensors, copies, before, after):
+        maybe: dict[str, Tensor] = {}
+        for name, c, m0, m1, u in zip(tensors, copies, before, after, unsure):
             where = tied_targets.get(name) or [(name, slots[name])]
             for dotted, _ in where:
                 now = swap[dotted]
@@ -326,13 +339,21 @@ def call_with_state(
                     written[name] = now
                     break
             else:
-                if m1 == m0:
+                unchanged = _same_mark(m0, m1)
+                if unchanged and m1[1] and not m0[1]:
+                    # the mark before the call was read in a traced frame (no storage), the
+                    # one after it eagerly: a rebinding (buf.data = v) shows in the values
+                    unchanged = _same_values(c, tensors[name])
+                if unchanged:
                     if snapshot.writers and _undeclared_write(
                         [s for _, s in where], snapshot.fused_observers
                     ):
                         written[name] = c
+                    elif u:
+                        maybe[name] = c
                 elif (
-                    m1[:2] != m0[:2]
+                    m1[0] != m0[0]
+                    or (m0[1] and m1[1] and m1[1] != m0[1])
                     # the copy-on-write memory was copied: written if the values differ
                     or (not m1[2] and not _same_values(c, tensors[name]))
                     or (
@@ -344,7 +365,7 @@ def call_with_state(
         created = snapshot.created()
     finally:
         snapshot.restore_created()
-    return out, written, created
+    return out, written, created, maybe
 
 
 __all__ = ["call_with_state", "private_copy"]

@@ -93,6 +93,25 @@ def _traced_write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tup
     return [(o.shape[0], 0, False) for o in torch.ops.tdfunc.versions(tensors)]
 
 
+def unverified(is_buffer: list[bool]) -> list[bool]:
+    """For each tensor, whether an unchanged :func:`write_marks` may hide a write: never
+    eagerly (every in-place kernel moves the real version counter, foreach ones included).
+
+    Example:
+        >>> unverified([True, False])
+        [False, False]
+    """
+    return [False] * len(is_buffer)
+
+
+@torch.compiler.substitute_in_graph(unverified)
+def _traced_unverified(is_buffer: list[bool]) -> list[bool]:
+    # fake tensors record no version for in-place foreach ops (torch 2.13-2.15: a buffer
+    # updated with torch._foreach_lerp_ keeps its version while Dynamo traces): a buffer's
+    # unchanged mark proves nothing there; the caller checks its values instead
+    return list(is_buffer)
+
+
 @torch.compiler.substitute_in_graph(private_copy)
 def _traced_private_copy(t: Tensor, buffer: bool = False) -> Tensor:
     # A compiled graph is functional: a copy is a clone there, whatever it is eagerly, and
@@ -108,4 +127,4 @@ def _traced_swapped(
     return reparametrize_module(module, swap, stack_weights=True)
 
 
-__all__ = ["write_marks"]
+__all__ = ["unverified", "write_marks"]
