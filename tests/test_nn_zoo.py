@@ -497,7 +497,7 @@ def test_compiled_foreach_buffer_write_is_never_lost(backend: str) -> None:
     for _ in range(10 if backend != "inductor" else 2):
         out, new = fn(state, x)
         _compare(out, new, ref_out, ref_state)
-        with pytest.raises(RuntimeError, match="PermissionError: .*writes the buffer 'a'"):
+        with pytest.raises(RuntimeError, match=r"PermissionError: .*writes the buffer 'a'"):
             plain(state, x)
         assert cnt.frame_count == 1
     assert_state_untouched(state, srec)

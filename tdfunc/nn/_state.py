@@ -272,7 +272,7 @@ def call_with_state(
     args: Any,
     kwargs: dict[str, Any] | None,
     tie_weights: bool,
-) -> tuple[Any, dict[str, Tensor], dict[str, Tensor]]:
+) -> tuple[Any, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
     """Call ``module`` with private copies of ``tensors`` in its slots; report its writes.
 
     Args:
