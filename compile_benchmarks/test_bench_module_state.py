@@ -14,6 +14,10 @@ thread, ratio tdfunc / torch.func as the median of paired rounds, with the A/A c
 * ``batchnorm_train``: a ResNet-style conv net with batch norm in training mode (``[8, 3, 16,
   16]``): tdfunc with ``return_state=True`` (new running statistics returned, nothing written)
   against the stateful ``torch.func`` call that updates them in place in its dict.
+* ``batchnorm_eval``: the same net in eval mode, its running statistics in the state,
+  ``return_state=False``: compiled, tdfunc checks in the program that every buffer still holds
+  its values (fake tensors record no version for in-place foreach ops, so a buffer's write is
+  confirmed by value there); this row is the cost of that check.
 
 Each row in eager mode and compiled (``fullgraph=True``, inductor; the Dynamo-only backend in
 quick mode, whose ratios are not measurements). Targets: eager <= 1.05, compiled <= 1.02.
@@ -97,7 +101,14 @@ def _contenders(workload: str, model: nn.Module) -> tuple[Callable[..., Any], ..
     return td_fwd, td_fwd, tf_fwd, params, flat
 
 
-WORKLOADS = ["policy_mlp", "policy_mlp_grad", "gpt2", "gpt2_grad", "batchnorm_train"]
+WORKLOADS = [
+    "policy_mlp",
+    "policy_mlp_grad",
+    "gpt2",
+    "gpt2_grad",
+    "batchnorm_train",
+    "batchnorm_eval",
+]
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)
@@ -111,6 +122,8 @@ def test_module_state(benchmark: Any, bench_quick: bool, mode: str, workload: st
         if workload.startswith("gpt2")
         else resnet_style()
     )
+    if workload == "batchnorm_eval":
+        model = model.eval()
     td, td2, tf, td_state, tf_state = _contenders(workload, model)
     args = _inputs(workload)
     if mode == "compiled":
