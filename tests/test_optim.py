@@ -1071,3 +1071,104 @@ def test_dtensor_leaves_one_rank() -> None:
         tdfunc.testing.assert_close(new.apply(lambda t: t.full_tensor()), expected)
     finally:
         dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------
+# weight decay on some leaves only (mask=)
+# --------------------------------------------------------------------------------------
+DECAY_CASES = [
+    ("adamw", {"lr": 0.01, "weight_decay": 0.1}),
+    ("adam", {"lr": 0.01, "weight_decay": 0.05}),
+    ("sgd", {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}),
+    ("rmsprop", {"lr": 0.01, "weight_decay": 0.01}),
+    ("adagrad", {"lr": 0.1, "weight_decay": 0.01}),
+]
+
+
+def _torch_groups_run(
+    params: Any, name: str, kw: dict[str, Any], steps: int, grads_at: Callable[[int], Any]
+) -> dict[str, torch.Tensor]:
+    """torch.optim with two parameter groups: decay on the matrices, none on the rest."""
+    ps = {k: v.detach().clone().requires_grad_(True) for k, v in flat(params).items()}
+    decay = [p for p in ps.values() if p.ndim >= 2]
+    rest = [p for p in ps.values() if p.ndim < 2]
+    opt = TORCH[name]([{"params": decay}, {"params": rest, "weight_decay": 0.0}], **kw)
+    for i in range(steps):
+        g = flat(grads_at(i))
+        for k, p in ps.items():
+            p.grad = g[k].clone()
+        opt.step()
+    return {k: v.detach() for k, v in ps.items()}
+
+
+@pytest.mark.parametrize("case", DECAY_CASES, ids=case_id)
+def test_decay_mask_matches_torch_param_groups(case: tuple[str, dict[str, Any]]) -> None:
+    """The most common setup, no decay on biases and norms: one optimizer, one state."""
+    name, kw = case
+    params = params_of(gpt2())
+    grads_at = lambda i: random_grads(params, i)  # noqa: E731
+    ref = _torch_groups_run(params, name, kw, 20, grads_at)
+    opt = make(name, kw, mask=lambda path, p: p.ndim >= 2)
+    before = params.clone()
+    ours, state = our_run(params, opt, 20, grads_at)
+    assert_matches(ours, ref, rtol=1e-9, atol=1e-12)
+    tdfunc.testing.assert_close(params, before, rtol=0, atol=0)  # the input is not modified
+    assert int(state[name, "step"]) == 20
+    # a pattern list gives the same selection
+    names = [k for k, v in flat(params).items() if v.ndim >= 2]
+    same, _ = our_run(params, make(name, kw, mask=names), 20, grads_at)
+    tdfunc.testing.assert_close(same, ours, rtol=0, atol=0)
+
+
+def test_adamw_mask_compiled_matches_eager_without_recompile() -> None:
+    params = params_of(mlp(torch.float32))
+    opt = optim.adamw(lr=0.01, weight_decay=0.1, mask="*.weight")
+    grads_at = lambda i: random_grads(params, i, 0.5)  # noqa: E731
+    eager, _ = our_run(params, opt, 3, grads_at)
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled, _ = our_run(
+        params, opt, 3, grads_at, step_fn=lambda f: torch.compile(f, backend=cnt, fullgraph=True)
+    )
+    tdfunc.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-7)
+    assert cnt.frame_count == 1
+
+
+@pytest.mark.parametrize(
+    ("make_opt", "what"),
+    [
+        (lambda: optim.adamw(mask="*.bais"), "adamw.init"),
+        (lambda: optim.adamw(mask=["*.weight", "*.bais"]), "adamw.init"),
+        (lambda: optim.masked(optim.adamw(), "*.bais"), "masked.init"),
+    ],
+    ids=["adamw-pattern", "adamw-list", "masked"],
+)
+def test_a_pattern_that_matches_nothing_is_an_error(
+    make_opt: Callable[[], optim.GradientTransformation], what: str
+) -> None:
+    """A typo used to switch the decay off for the whole model without a word."""
+    params = tdfunc.TensorDict(layer={"weight": torch.ones(2, 2), "bias": torch.ones(2)})
+    with pytest.raises(KeyError) as e:
+        make_opt().init(params)
+    assert e.value.args[0] == E.MASK_NO_MATCH.format(
+        what=what, pattern="*.bais", nearest="layer.bias"
+    )
+
+
+def test_a_pattern_that_matches_nothing_at_update_is_an_error() -> None:
+    params = tdfunc.TensorDict(layer={"weight": torch.ones(2, 2), "bias": torch.ones(2)})
+    opt = optim.masked(optim.sgd(lr=0.1), "layer.*")
+    state = opt.init(params)
+    other = tdfunc.TensorDict(head={"weight": torch.ones(2, 2), "bias": torch.ones(2)})
+    with pytest.raises(KeyError) as e:
+        opt.update(other, state, other)
+    assert e.value.args[0].startswith("masked.update: the key pattern 'layer.*' matches no leaf")
+
+
+def test_a_mask_that_selects_nothing_is_an_error() -> None:
+    params = tdfunc.TensorDict(w=torch.ones(2, 2), b=torch.ones(2))
+    with pytest.raises(KeyError) as e:
+        optim.adamw(mask=lambda path, p: p.ndim > 5).init(params)
+    assert e.value.args[0] == E.MASK_SELECTS_NOTHING.format(what="adamw.init", keys=["w", "b"])
+    none = tdfunc.TensorDict(w=torch.tensor(False), b=torch.tensor(False))
+    with pytest.raises(KeyError, match="selects no leaf"):
+        optim.masked(optim.sgd(lr=0.1), none).init(params)

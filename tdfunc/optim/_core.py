@@ -14,6 +14,7 @@ instead of broadcasting silently.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from .. import _compat as C
 from .._ops import _can_foreach, check_same_structure
-from .._tree import has_leaves, is_node, leaves, leaves_with_paths, map_leaves
+from .._tree import KeyPath, has_leaves, is_node, leaves, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
 from . import _errors as E
 
@@ -329,6 +330,132 @@ def bcast(s: Any, x: Tensor) -> Any:
     return s
 
 
+# --------------------------------------------------------------------------------------
+# selecting leaves (masks of masked(), the decay mask of optimizers)
+# --------------------------------------------------------------------------------------
+#: which leaves: a key pattern, a list of patterns, a callable ``(key_path, leaf) -> bool``
+#: or a container of booleans with the params' keys
+Mask = str | Sequence[str] | Callable[[KeyPath, Tensor], bool] | Any
+
+
+def glob_match(pattern: str, text: str) -> bool:
+    """``pattern`` matches all of ``text``; ``*`` matches any run of characters (dots too).
+
+    Plain string methods (not ``fnmatch``/``re``), so a compiled step traces it as constants.
+
+    Example:
+        >>> glob_match("*.bias", "layer.0.bias"), glob_match("enc.*", "dec.w")
+        (True, False)
+    """
+    parts = pattern.split("*")
+    if len(parts) == 1:
+        return pattern == text
+    if not text.startswith(parts[0]):
+        return False
+    pos = len(parts[0])
+    for mid in parts[1:-1]:
+        i = text.find(mid, pos)
+        if i < 0:
+            return False
+        pos = i + len(mid)
+    return len(text) - pos >= len(parts[-1]) and text.endswith(parts[-1])
+
+
+def selector(mask: Mask, what: str) -> Callable[[KeyPath, Tensor], bool]:
+    """The mask as a predicate over ``(key_path, leaf)``."""
+    if isinstance(mask, str):
+        pattern = mask
+        return lambda path, leaf: glob_match(pattern, ".".join(path))
+    if is_node(mask):
+        table: dict[KeyPath, bool] = {}
+        for path, v in leaves_with_paths(mask):  # type: ignore[arg-type]
+            if v.numel() != 1 or v.dtype != torch.bool:
+                raise TypeError(E.MASK_VALUE.format(what=what, key=fmt_path(path), value=v))
+            table[path] = bool(v)
+
+        def lookup(path: KeyPath, leaf: Tensor) -> bool:
+            if path not in table:
+                raise KeyError(E.MASK_KEYS.format(what=what, key=fmt_path(path)))
+            return table[path]
+
+        return lookup
+    if callable(mask):
+        return mask
+    if isinstance(mask, Sequence) and all(isinstance(m, str) for m in mask):
+        patterns = tuple(mask)
+        return lambda path, leaf: any(glob_match(p, ".".join(path)) for p in patterns)
+    raise TypeError(E.BAD_MASK.format(what=what, typ=type(mask).__name__))
+
+
+def check_selection(
+    mask: Mask, pairs: Sequence[tuple[KeyPath, Tensor]], picked: Sequence[bool], what: str
+) -> None:
+    """A key pattern that matches no leaf, or a mask that selects none, is an error: a typo
+    (``"*.bais"``) would otherwise switch the transformation off without a word.
+
+    Example:
+        >>> import torch
+        >>> pairs = [(("l", "bias"), torch.zeros(1)), (("l", "weight"), torch.zeros(1))]
+        >>> check_selection("*.bais", pairs, [False, False], "masked")
+        Traceback (most recent call last):
+        ...
+        KeyError: "masked: the key pattern '*.bais' matches no leaf (nearest key: 'l.bias'); ..."
+    """
+    keys = [".".join(p) for p, _ in pairs]
+    patterns: tuple[str, ...] = (mask,) if isinstance(mask, str) else ()
+    if isinstance(mask, Sequence) and not isinstance(mask, str):
+        patterns = tuple(m for m in mask if isinstance(m, str))
+    for pattern in patterns:
+        if not any(glob_match(pattern, k) for k in keys):
+            near = difflib.get_close_matches(pattern, keys, n=1, cutoff=0.0)
+            raise KeyError(
+                E.MASK_NO_MATCH.format(
+                    what=what, pattern=pattern, nearest=near[0] if near else None
+                )
+            )
+    if keys and not any(picked):
+        raise KeyError(E.MASK_SELECTS_NOTHING.format(what=what, keys=keys[:8]))
+
+
+#: the key of ``math``'s hyperparameters that holds the leaves selected for weight decay
+DECAY_PICKS = "decay_picks"
+
+
+def decay_picks(mask: Mask | None, grads: Any, what: str) -> list[int] | None:
+    """Positions of the leaves that get weight decay (None: all of them)."""
+    if mask is None:
+        return None
+    sel = selector(mask, what)
+    pairs = leaves_with_paths(grads)
+    flags = [bool(sel(path, x)) for path, x in pairs]
+    check_selection(mask, pairs, flags, what)
+    return [i for i, f in enumerate(flags) if f]
+
+
+def add_at(
+    L: Lists, xs: list[Tensor], ys: list[Tensor], alpha: Any, picks: list[int] | None
+) -> list[Tensor]:
+    """``xs + alpha * ys`` at the positions ``picks`` (all when None); new tensors there,
+    the others as they are."""
+    if picks is None:
+        return L.add(xs, ys, alpha=alpha)
+    out = list(xs)
+    for i, x in zip(picks, L.add([xs[i] for i in picks], [ys[i] for i in picks], alpha=alpha)):
+        out[i] = x
+    return out
+
+
+def add_at_(
+    L: Lists, xs: list[Tensor], ys: list[Tensor], alpha: Any, picks: list[int] | None
+) -> None:
+    """``xs += alpha * ys`` at the positions ``picks`` (all when None), in place (``xs`` are
+    tensors this module created)."""
+    if picks is None:
+        L.add_(xs, ys, alpha=alpha)
+    else:
+        L.add_([xs[i] for i in picks], [ys[i] for i in picks], alpha=alpha)
+
+
 class Lists:
     """Elementwise ops over lists of leaves: one ``torch._foreach_*`` call each when
     possible, per-leaf ops otherwise (under ``torch.vmap``, whose batched tensors foreach
@@ -469,10 +596,13 @@ def build(
     needs_params: bool,
     math: Math,
     with_step: bool = True,
+    decay_mask: Mask | None = None,
 ) -> GradientTransformation:
     """A transformation whose state holds ``buffers`` (params-shaped, filled with the given
     values), the step count (``with_step``) and the tensor ``hypers``; ``math`` computes one
-    step from the leaves (``count`` is ``None`` without a step count)."""
+    step from the leaves (``count`` is ``None`` without a step count). ``hypers`` passed to
+    ``math`` also hold, under :data:`DECAY_PICKS`, the positions of the leaves that
+    ``decay_mask`` selects for weight decay (None: every leaf)."""
     assert tag in TAGS, tag
     tensor_hypers = [n for n, v in hypers.items() if isinstance(v, Tensor)]
     keys = (*buffers, *(("step",) if with_step else ()), *tensor_hypers)
@@ -480,6 +610,7 @@ def build(
 
     def init(params: Any) -> Any:
         ls = float_leaves(params, what_init)
+        decay_picks(decay_mask, params, what_init)  # a pattern that matches nothing: now
         bs, dev = params._batch_size, first_device(ls)
         names = leaf_names(params, what_init) if buffers else []
         entries: dict[str, Any] = {
@@ -514,6 +645,7 @@ def build(
         bufs = {name: buffer(inner, name, key, ls_g, what_update) for name in buffers}
         count = inner._tdf_get("step", None)
         h = {n: hyper_value(hypers, n, inner, count) for n in hypers}
+        h[DECAY_PICKS] = decay_picks(decay_mask, grads, what_update)
         upd, new = math(Lists(ls_g, grads._batch_size), ls_g, ls_p, bufs, count, h)
         if with_step:
             new["step"] = count + 1

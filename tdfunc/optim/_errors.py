@@ -104,3 +104,15 @@ class OptimStateError(StructureError):
     with other options, or for params of another structure, batch size or shapes. A
     :class:`tdfunc.StructureError` (a ``ValueError``).
     """
+
+
+#: A key pattern of a mask that matches no leaf (a typo would switch the transformation off).
+MASK_NO_MATCH = (
+    "{what}: the key pattern {pattern!r} matches no leaf (nearest key: {nearest!r}); "
+    "patterns are globs over the '.'-joined key paths, e.g. '*.bias'"
+)
+#: A mask that selects no leaf at all.
+MASK_SELECTS_NOTHING = (
+    "{what}: the mask selects no leaf (keys: {keys}); a mask that selects nothing switches the "
+    "transformation off: drop it instead"
+)

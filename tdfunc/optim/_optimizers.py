@@ -14,18 +14,35 @@ import torch
 from torch import Tensor
 
 from . import _errors as E
-from ._core import GradientTransformation, Hyper, Lists, build, check_hyper, is_zero
+from ._core import (
+    DECAY_PICKS,
+    GradientTransformation,
+    Hyper,
+    Lists,
+    Mask,
+    add_at,
+    add_at_,
+    build,
+    check_hyper,
+    is_zero,
+)
 
 
 def _direction(
-    L: Lists, g: list[Tensor], p: list[Tensor] | None, wd: Any, maximize: bool
+    L: Lists,
+    g: list[Tensor],
+    p: list[Tensor] | None,
+    wd: Any,
+    maximize: bool,
+    picks: list[int] | None = None,
 ) -> list[Tensor]:
-    """``-g`` when maximizing, plus ``wd * p`` (L2 weight decay, as torch.optim)."""
+    """``-g`` when maximizing, plus ``wd * p`` (L2 weight decay, as torch.optim) on the
+    leaves ``picks`` (all when None)."""
     if maximize:
         g = L.neg(g)
     if not is_zero(wd):
         assert p is not None
-        g = L.add(g, p, alpha=wd)
+        g = add_at(L, g, p, wd, picks)
     return g
 
 
@@ -41,12 +58,14 @@ def sgd(
     nesterov: bool = False,
     *,
     maximize: bool = False,
+    mask: Mask | None = None,
 ) -> GradientTransformation:
     """Stochastic gradient descent, as ``torch.optim.SGD`` (same options and defaults).
 
     ``lr`` and ``weight_decay`` may be numbers, tensors (kept in the state: change them with
     :func:`set_hyperparams` without recompiling; shape ``[N]`` gives each of N ensemble
-    members its own) or schedules of the step count. The state holds ``step`` and, with
+    members its own) or schedules of the step count. ``mask`` (every optimizer with a
+    ``weight_decay``) selects the leaves the decay applies to, as in :func:`adamw`. The state holds ``step`` and, with
     momentum, ``momentum_buffer`` (the first step copies the gradient, as torch does).
 
     Example:
@@ -75,7 +94,7 @@ def sgd(
         count: Tensor,
         h: dict[str, Any],
     ) -> tuple[list[Tensor], dict[str, Any]]:
-        d = _direction(L, g, p, h["weight_decay"], maximize)
+        d = _direction(L, g, p, h["weight_decay"], maximize, h[DECAY_PICKS])
         new: dict[str, Any] = {}
         if momentum != 0:
             buf = L.mul(bufs["momentum_buffer"], momentum)
@@ -92,7 +111,7 @@ def sgd(
 
     buffers = {"momentum_buffer": 0.0} if momentum != 0 else {}
     hypers = {"lr": lr, "weight_decay": weight_decay}
-    return build("sgd", buffers, hypers, not is_zero(weight_decay), math)
+    return build("sgd", buffers, hypers, not is_zero(weight_decay), math, decay_mask=mask)
 
 
 def _adam(
@@ -104,6 +123,7 @@ def _adam(
     amsgrad: bool,
     maximize: bool,
     decoupled: bool,
+    mask: Mask | None,
 ) -> GradientTransformation:
     check_hyper(tag, "lr", lr)
     check_hyper(tag, "eps", eps)
@@ -121,7 +141,7 @@ def _adam(
         h: dict[str, Any],
     ) -> tuple[list[Tensor], dict[str, Any]]:
         lr_, wd = h["lr"], h["weight_decay"]
-        d = _direction(L, g, p, 0.0 if decoupled else wd, maximize)
+        d = _direction(L, g, p, 0.0 if decoupled else wd, maximize, h[DECAY_PICKS])
         m = L.lerp(bufs["exp_avg"], d, 1.0 - b1)
         v = L.mul(bufs["exp_avg_sq"], b2)
         L.addcmul_(v, d, d, 1.0 - b2)
@@ -140,14 +160,14 @@ def _adam(
         L.mul_(upd, _neg(step_size))
         if decoupled and not is_zero(wd):
             assert p is not None
-            L.add_(upd, p, alpha=_neg(lr_ * wd))
+            add_at_(L, upd, p, _neg(lr_ * wd), h[DECAY_PICKS])
         return upd, new
 
     buffers = {"exp_avg": 0.0, "exp_avg_sq": 0.0}
     if amsgrad:
         buffers["max_exp_avg_sq"] = 0.0
     hypers = {"lr": lr, "weight_decay": weight_decay}
-    return build(tag, buffers, hypers, not is_zero(weight_decay), math)
+    return build(tag, buffers, hypers, not is_zero(weight_decay), math, decay_mask=mask)
 
 
 def adam(
@@ -158,6 +178,7 @@ def adam(
     amsgrad: bool = False,
     *,
     maximize: bool = False,
+    mask: Mask | None = None,
 ) -> GradientTransformation:
     """Adam, as ``torch.optim.Adam`` (L2 ``weight_decay`` added to the gradient).
 
@@ -173,7 +194,7 @@ def adam(
         >>> [round(x, 4) for x in u["w"].tolist()], sorted(s["adam"].keys())
         ([-0.1, -0.1], ['exp_avg', 'exp_avg_sq', 'step'])
     """
-    return _adam("adam", lr, betas, eps, weight_decay, amsgrad, maximize, decoupled=False)
+    return _adam("adam", lr, betas, eps, weight_decay, amsgrad, maximize, False, mask)
 
 
 def adamw(
@@ -184,8 +205,16 @@ def adamw(
     amsgrad: bool = False,
     *,
     maximize: bool = False,
+    mask: Mask | None = None,
 ) -> GradientTransformation:
     """AdamW, as ``torch.optim.AdamW``: decoupled weight decay ``-lr * weight_decay * p``.
+
+    ``mask`` selects the leaves that get the decay (optax's meaning; the others get the Adam
+    step only): a key pattern (``"*.weight"``), a list of patterns, a callable
+    ``(key_path, leaf) -> bool`` or a container of booleans. The usual setup, no decay on
+    biases and norms: ``mask=lambda path, p: p.ndim >= 2``. A pattern that matches no leaf, or
+    a mask that selects none, raises ``KeyError`` naming the pattern and the nearest key (at
+    ``init`` already). One state, one step count, whatever the mask.
 
     Example:
         >>> import torch, tdfunc
@@ -195,8 +224,13 @@ def adamw(
         >>> u, s = opt.update(p, opt.init(p), p)
         >>> [round(x, 4) for x in u["w"].tolist()]
         [-0.15, -0.15]
+        >>> p = tdfunc.TensorDict(w=torch.ones(2, 2), bias=torch.ones(2))
+        >>> opt = optim.adamw(lr=0.1, weight_decay=0.5, mask=lambda path, x: x.ndim >= 2)
+        >>> u, s = opt.update(p, opt.init(p), p)
+        >>> round(u["w"][0, 0].item(), 4), round(u["bias"][0].item(), 4)
+        (-0.15, -0.1)
     """
-    return _adam("adamw", lr, betas, eps, weight_decay, amsgrad, maximize, decoupled=True)
+    return _adam("adamw", lr, betas, eps, weight_decay, amsgrad, maximize, True, mask)
 
 
 def rmsprop(
@@ -208,6 +242,7 @@ def rmsprop(
     centered: bool = False,
     *,
     maximize: bool = False,
+    mask: Mask | None = None,
 ) -> GradientTransformation:
     """RMSprop, as ``torch.optim.RMSprop`` (``centered``, ``momentum``).
 
@@ -233,7 +268,7 @@ def rmsprop(
         count: Tensor,
         h: dict[str, Any],
     ) -> tuple[list[Tensor], dict[str, Any]]:
-        d = _direction(L, g, p, h["weight_decay"], maximize)
+        d = _direction(L, g, p, h["weight_decay"], maximize, h[DECAY_PICKS])
         sq = L.mul(bufs["square_avg"], alpha)
         L.addcmul_(sq, d, d, 1.0 - alpha)
         new: dict[str, Any] = {"square_avg": sq}
@@ -258,7 +293,7 @@ def rmsprop(
     if centered:
         buffers["grad_avg"] = 0.0
     hypers = {"lr": lr, "weight_decay": weight_decay}
-    return build("rmsprop", buffers, hypers, not is_zero(weight_decay), math)
+    return build("rmsprop", buffers, hypers, not is_zero(weight_decay), math, decay_mask=mask)
 
 
 def adagrad(
@@ -269,6 +304,7 @@ def adagrad(
     eps: float = 1e-10,
     *,
     maximize: bool = False,
+    mask: Mask | None = None,
 ) -> GradientTransformation:
     """Adagrad, as ``torch.optim.Adagrad`` (``lr_decay``, ``initial_accumulator_value``).
 
@@ -296,7 +332,7 @@ def adagrad(
         count: Tensor,
         h: dict[str, Any],
     ) -> tuple[list[Tensor], dict[str, Any]]:
-        d = _direction(L, g, p, h["weight_decay"], maximize)
+        d = _direction(L, g, p, h["weight_decay"], maximize, h[DECAY_PICKS])
         acc = L.addcmul(bufs["sum"], d, d, 1.0)
         std = L.sqrt(acc)
         L.add_scalar_(std, eps)
@@ -308,7 +344,7 @@ def adagrad(
 
     hypers = {"lr": lr, "weight_decay": weight_decay}
     buffers = {"sum": float(initial_accumulator_value)}
-    return build("adagrad", buffers, hypers, not is_zero(weight_decay), math)
+    return build("adagrad", buffers, hypers, not is_zero(weight_decay), math, decay_mask=mask)
 
 
 def lion(
@@ -317,6 +353,7 @@ def lion(
     weight_decay: Hyper = 0.0,
     *,
     maximize: bool = False,
+    mask: Mask | None = None,
 ) -> GradientTransformation:
     """Lion (Chen et al., 2023, "Symbolic Discovery of Optimization Algorithms"), which
     ``torch.optim`` does not ship: the update is the sign of an interpolation of the momentum
@@ -354,8 +391,8 @@ def lion(
         upd = L.sign(L.lerp(m, d, 1.0 - b1))
         if not is_zero(h["weight_decay"]):
             assert p is not None
-            L.add_(upd, p, alpha=h["weight_decay"])
+            add_at_(L, upd, p, h["weight_decay"], h[DECAY_PICKS])
         return L.mul_(upd, _neg(h["lr"])), {"exp_avg": L.lerp(m, d, 1.0 - b2)}
 
     hypers = {"lr": lr, "weight_decay": weight_decay}
-    return build("lion", {"exp_avg": 0.0}, hypers, not is_zero(weight_decay), math)
+    return build("lion", {"exp_avg": 0.0}, hypers, not is_zero(weight_decay), math, decay_mask=mask)

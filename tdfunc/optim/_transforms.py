@@ -11,28 +11,27 @@ import torch
 from torch import Tensor
 
 from .._compat import foreach_norm
-from .._tree import KeyPath, is_node, leaves, leaves_with_paths, map_leaves
+from .._tree import KeyPath, leaves, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
 from . import _errors as E
 from ._core import (
     GradientTransformation,
     Hyper,
     Lists,
+    Mask,
     build,
     check_container,
     check_hyper,
+    check_selection,
     fmt_path,
+    glob_match,
     grads_and_params,
     is_zero,
     make_state,
     new_state,
     open_state,
+    selector,
 )
-
-#: Selects leaves: a key pattern (a glob over the ``"."``-joined key path where ``*`` matches
-#: any characters, e.g. ``"*.bias"``), several patterns, a callable ``(key_path, leaf) -> bool``, or a container
-#: of booleans with the params' keys.
-Mask = str | Sequence[str] | Callable[[KeyPath, Tensor], bool] | Any
 
 
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
@@ -240,55 +239,6 @@ def set_to_zero() -> GradientTransformation:
 # --------------------------------------------------------------------------------------
 # selecting leaves
 # --------------------------------------------------------------------------------------
-def glob_match(pattern: str, text: str) -> bool:
-    """``pattern`` matches all of ``text``; ``*`` matches any run of characters (dots too).
-
-    Plain string methods (not ``fnmatch``/``re``), so a compiled step traces it as constants.
-
-    Example:
-        >>> glob_match("*.bias", "layer.0.bias"), glob_match("enc.*", "dec.w")
-        (True, False)
-    """
-    parts = pattern.split("*")
-    if len(parts) == 1:
-        return pattern == text
-    if not text.startswith(parts[0]):
-        return False
-    pos = len(parts[0])
-    for mid in parts[1:-1]:
-        i = text.find(mid, pos)
-        if i < 0:
-            return False
-        pos = i + len(mid)
-    return len(text) - pos >= len(parts[-1]) and text.endswith(parts[-1])
-
-
-def _selector(mask: Mask, what: str) -> Callable[[KeyPath, Tensor], bool]:
-    """The mask as a predicate over ``(key_path, leaf)``."""
-    if isinstance(mask, str):
-        pattern = mask
-        return lambda path, leaf: glob_match(pattern, ".".join(path))
-    if is_node(mask):
-        table: dict[KeyPath, bool] = {}
-        for path, v in leaves_with_paths(mask):  # type: ignore[arg-type]
-            if v.numel() != 1 or v.dtype != torch.bool:
-                raise TypeError(E.MASK_VALUE.format(what=what, key=fmt_path(path), value=v))
-            table[path] = bool(v)
-
-        def lookup(path: KeyPath, leaf: Tensor) -> bool:
-            if path not in table:
-                raise KeyError(E.MASK_KEYS.format(what=what, key=fmt_path(path)))
-            return table[path]
-
-        return lookup
-    if callable(mask):
-        return mask
-    if isinstance(mask, Sequence) and all(isinstance(m, str) for m in mask):
-        patterns = tuple(mask)
-        return lambda path, leaf: any(glob_match(p, ".".join(path)) for p in patterns)
-    raise TypeError(E.BAD_MASK.format(what=what, typ=type(mask).__name__))
-
-
 def _nest(pairs: Sequence[tuple[KeyPath, Tensor]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for path, x in pairs:
@@ -336,6 +286,12 @@ def _merge(grads: Any, parts: Sequence[tuple[list[int], Any]]) -> Any:
     return map_leaves(grads, out)
 
 
+def _check_mask(mask: Mask, node: Any, picks: list[int], what: str) -> None:
+    pairs = leaves_with_paths(node)
+    chosen = set(picks)
+    check_selection(mask, pairs, [i in chosen for i in range(len(pairs))], what)
+
+
 def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
     """Apply ``inner`` to the leaves ``mask`` selects; the others pass through unchanged.
 
@@ -344,7 +300,12 @@ def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
     a list of patterns, a callable ``(key_path, leaf) -> bool`` (decide by key, shape or
     dtype: it is called on the params at ``init`` and on the grads at ``update``), or a
     container of booleans with the params' keys. ``inner``'s state covers the selected leaves
-    only (a TensorDict with their key paths).
+    only (a TensorDict with their key paths). A pattern that matches no leaf, or a mask that
+    selects none, raises ``KeyError`` naming the pattern and the nearest key.
+
+    For AdamW's decoupled decay on some leaves only, use ``adamw(..., mask=...)``:
+    ``masked(add_decayed_weights(...))`` is L2 regularisation (added before the Adam scaling),
+    not AdamW's decay.
 
     Example:
         >>> import torch, tdfunc
@@ -357,14 +318,15 @@ def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
     """
     if not isinstance(inner, GradientTransformation):
         raise TypeError(E.NOT_A_TRANSFORMATION.format(what="masked", typ=type(inner).__name__))
-    sel = _selector(mask, "masked")
+    sel = selector(mask, "masked")
 
     def label(path: KeyPath, x: Tensor) -> bool:
         return bool(sel(path, x))
 
     def init(params: Any) -> Any:
         check_container(params, "masked.init")
-        ((_, sub, _),) = _split(params, None, label, [True]).values()
+        ((picks, sub, _),) = _split(params, None, label, [True]).values()
+        _check_mask(mask, params, picks, "masked.init")
         return make_state("masked", {"inner": inner.init(sub)}, params._batch_size)
 
     def update(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
@@ -372,6 +334,7 @@ def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
         grads_and_params(grads, params, what, False)
         st = open_state(state, "masked", ["inner"], grads, what)
         ((picks, sub_g, sub_p),) = _split(grads, params, label, [True]).values()
+        _check_mask(mask, grads, picks, what)
         sub_u, sub_state = inner.update(sub_g, st._tdf_get("inner", None), sub_p)
         return _merge(grads, [(picks, sub_u)]), new_state(state, "masked", {"inner": sub_state})
 
