@@ -260,6 +260,34 @@ def test_launcher_deadline_kills() -> None:
     assert time.monotonic() - t < 30
 
 
+def test_launch_deadlines_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared machine: every deadline is TDFUNC_LAUNCH_TIMEOUT_SCALE times longer (or the
+    load per core when it is unset), so a busy CI machine does not fail launches."""
+    from tdfunc.distributed import _launch
+
+    monkeypatch.setenv(_launch.TIMEOUT_SCALE_ENV, "3")
+    assert _launch.deadline_scale() == 3.0
+    with pytest.raises(RankError) as e:
+        launch(W.sleeps, 1, timeout=1.0)
+    assert str(e.value).startswith(
+        E.RANK_TIMEOUT.format(ranks=[0], world_size=1, timeout=3.0, done=[])[:40]
+    )
+    assert "within 3 s" in str(e.value)
+    for bad in ("0.5", "fast", "nan"):
+        monkeypatch.setenv(_launch.TIMEOUT_SCALE_ENV, bad)
+        with pytest.raises(ValueError) as v:
+            _launch.deadline_scale()
+        assert str(v.value) == E.BAD_TIMEOUT_SCALE.format(
+            name=_launch.TIMEOUT_SCALE_ENV, value=bad
+        )
+    monkeypatch.delenv(_launch.TIMEOUT_SCALE_ENV)
+    monkeypatch.setattr(_launch.os, "getloadavg", lambda: (8.0, 0.0, 0.0))
+    monkeypatch.setattr(_launch.os, "cpu_count", lambda: 2)
+    assert _launch.deadline_scale() == 4.0
+    monkeypatch.setattr(_launch.os, "getloadavg", lambda: (0.5, 0.0, 0.0))
+    assert _launch.deadline_scale() == 1.0
+
+
 def test_free_port() -> None:
     assert 0 < free_port() < 65536
 

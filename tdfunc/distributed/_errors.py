@@ -311,3 +311,4 @@ CKPT_OLD_FORMAT = (
     "a pickle, which this version never reads; load it with the version that wrote it, in a "
     "process you trust, and save it again"
 )
+BAD_TIMEOUT_SCALE = "{name}={value!r}: expected a number >= 1 (how many times longer to wait)"

@@ -256,6 +256,37 @@ class _Run:
         return None
 
 
+#: the environment variable that scales every launch deadline (a shared or slow machine)
+TIMEOUT_SCALE_ENV = "TDFUNC_LAUNCH_TIMEOUT_SCALE"
+
+
+def deadline_scale() -> float:
+    """How many times longer than asked :func:`launch` waits for its ranks: the value of
+    ``TDFUNC_LAUNCH_TIMEOUT_SCALE`` when it is set (a number >= 1), else the machine's load
+    per core (the 1-minute load average over the number of cores) when it is above 1: on a
+    machine busy with other work, starting Python and torch in every rank takes that much
+    longer.
+
+    Example:
+        >>> deadline_scale() >= 1.0
+        True
+    """
+    raw = os.environ.get(TIMEOUT_SCALE_ENV)
+    if raw is not None:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        if not value >= 1.0:  # NaN too
+            raise ValueError(E.BAD_TIMEOUT_SCALE.format(name=TIMEOUT_SCALE_ENV, value=raw))
+        return value
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return max(1.0, load / (os.cpu_count() or 1))
+
+
 def launch(
     fn: Callable[..., Any],
     world_size: int,
@@ -274,7 +305,8 @@ def launch(
     without a result, or is killed by a signal), the others get ``grace`` seconds to finish,
     then every process still alive is killed and :class:`RankError` names the rank that failed
     first, with its exit code or signal and its traceback. If ranks are still running after
-    ``timeout`` seconds they are killed too. The ``spawn`` start method is used, so no state
+    ``timeout`` seconds (times :func:`deadline_scale`: longer on a loaded machine, or as
+    ``TDFUNC_LAUNCH_TIMEOUT_SCALE`` says) they are killed too. The ``spawn`` start method is used, so no state
     leaks from the parent.
 
     Raises:
@@ -287,6 +319,7 @@ def launch(
         >>> launch(operator.add, 2)  # fn(rank, world_size) on each rank  # doctest: +SKIP
         [2, 3]
     """
+    timeout = timeout * deadline_scale()
     ctx = mp.get_context("spawn")
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="tdfunc-launch-")
