@@ -275,11 +275,9 @@ def test_launch_deadlines_scale(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "within 3 s" in str(e.value)
     for bad in ("0.5", "fast", "nan"):
         monkeypatch.setenv(_launch.TIMEOUT_SCALE_ENV, bad)
-        with pytest.raises(ValueError) as v:
+        with pytest.raises(ValueError, match="expected a number") as v:
             _launch.deadline_scale()
-        assert str(v.value) == E.BAD_TIMEOUT_SCALE.format(
-            name=_launch.TIMEOUT_SCALE_ENV, value=bad
-        )
+        assert str(v.value) == E.BAD_TIMEOUT_SCALE.format(name=_launch.TIMEOUT_SCALE_ENV, value=bad)
     monkeypatch.delenv(_launch.TIMEOUT_SCALE_ENV)
     monkeypatch.setattr(_launch.os, "getloadavg", lambda: (8.0, 0.0, 0.0))
     monkeypatch.setattr(_launch.os, "cpu_count", lambda: 2)
