@@ -1067,3 +1067,19 @@ def test_files_without_write_permission():
         for dirpath, _, _ in os.walk(work):
             os.chmod(dirpath, 0o755)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_resume_into_a_compiled_step_compiles_once_after_clone(tmp_path: Any) -> None:
+    """The recipe of ``load``'s docstring: ``load(path).clone()`` gives plain tensors, so the
+    step's second call (with the plain tensors it returned) does not recompile."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    tdfunc.save(tdfunc.TensorDict(w=torch.ones(3)), tmp_path / "s")
+    cnt = CompileCounterWithBackend("eager")
+    step = torch.compile(lambda td: td * 2, backend=cnt, fullgraph=True)
+    state = tdfunc.load(tmp_path / "s").clone()
+    assert type(state["w"]) is torch.Tensor
+    for _ in range(3):
+        state = step(state)
+    assert cnt.frame_count == 1
+    assert state["w"].tolist() == [8.0, 8.0, 8.0]

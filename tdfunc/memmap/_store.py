@@ -877,6 +877,11 @@ def load(path: str | os.PathLike[str], *, mode: str = "r") -> Any:
         again (a ``__post_init__`` that changes values already did when the saved instance
         was made).
 
+        Resuming a compiled training step: Dynamo guards on the leaf type, so a step first
+        called with these memory-mapped leaves and then with the plain tensors it returned
+        compiles twice. Pass ``load(path).clone()`` (plain tensors, read once) to the first
+        step to compile once.
+
     Raises:
         FileNotFoundError: no store (or no data file) at ``path``.
         MemmapFormatError: corrupt manifest, unknown format version, data file shorter than
