@@ -1069,7 +1069,7 @@ def test_files_without_write_permission():
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_resume_into_a_compiled_step_compiles_once_after_clone(tmp_path: Any) -> None:
+def test_resume_into_a_compiled_step_compiles_once_after_clone(tmp_path: Path) -> None:
     """The recipe of ``load``'s docstring: ``load(path).clone()`` gives plain tensors, so the
     step's second call (with the plain tensors it returned) does not recompile."""
     from torch._dynamo.testing import CompileCounterWithBackend
