@@ -250,7 +250,10 @@ def test_launcher_reports_failing_rank() -> None:
     assert time.monotonic() - t < 100  # rank 0 was killed, not waited for (pg timeout 60 s)
 
 
-def test_launcher_deadline_kills() -> None:
+def test_launcher_deadline_kills(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tdfunc.distributed import _launch
+
+    monkeypatch.setenv(_launch.TIMEOUT_SCALE_ENV, "1")  # the deadline as given, however loaded
     t = time.monotonic()
     with pytest.raises(RankError) as e:
         launch(W.sleeps, 1, timeout=2.0)
