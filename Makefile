@@ -52,6 +52,8 @@ test: $(STAMP)
 # installs only. 2.15.0 comes from the package index as its default Linux wheel (a CUDA
 # build, about 4 GB installed; it runs on the CPU).
 V      ?= 2.15.0
+# what test-torch runs (default: the whole suite, as make test)
+TORCH_TESTS ?= tdfunc tests
 TVENV  := .venv-torch-$(V)
 TSTAMP := $(TVENV)/.installed-test
 
@@ -62,7 +64,7 @@ $(TSTAMP):
 	touch $@
 
 test-torch: $(TSTAMP)
-	$(TVENV)/bin/python -m pytest -q -p no:cacheprovider --doctest-modules tdfunc tests
+	$(TVENV)/bin/python -m pytest -q -p no:cacheprovider --doctest-modules $(TORCH_TESTS)
 
 # a long run of the program fuzzer (make test runs a few hundred programs; this thousands)
 # and of the safetensors differential fuzzer (make test: 300 files; this 10,000)
