@@ -67,6 +67,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future as PyFuture
@@ -182,7 +183,7 @@ def _wait_at_exit() -> None:
         try:
             job.result()
         except Exception as e:  # exiting: report, nobody is left to catch it
-            print(f"tdfunc: an asynchronous save_checkpoint failed: {e}", flush=True)
+            sys.stderr.write(f"tdfunc: an asynchronous save_checkpoint failed: {e}\n")
 
 
 #: (the caller's group, the private gloo group async saves of that group use)

@@ -380,10 +380,14 @@ def functional_call(
     known while tracing: no graph break, no run-time cost. Two kinds of torch kernels write
     without recording it, and their tensors are counted as written whenever their module takes
     part in the call: the running statistics of batch/instance norm modules in training mode,
-    and the state of ``FusedMovingAvgObsFakeQuantize``. Limits of torch 2.13: under
-    ``torch.compile``, in-place foreach ops (``torch._foreach_add_`` ...) on a buffer are not
-    seen (torch's fake tensors record no version for them; eager calls are exact), and Dynamo
-    does not trace ``x.data = v`` on a copy (``fullgraph=True`` stops with its error); inside
+    and the state of ``FusedMovingAvgObsFakeQuantize``. Under ``torch.compile``, torch's fake
+    tensors record no version for in-place foreach ops (``torch._foreach_lerp_`` ...), so a
+    buffer whose version did not move while Dynamo traced is checked by value instead: with
+    ``return_state=True`` it comes back as its (possibly written) copy, a new tensor; with
+    ``return_state=False`` the compiled program fails when it runs if the buffer changed
+    (torch's ``RuntimeError`` carrying the ``PermissionError`` text; eager calls raise
+    ``PermissionError`` itself). Dynamo does not trace ``x.data = v`` on a copy
+    (``fullgraph=True`` stops with its error); inside
     ``torch.func`` transforms torch refuses ``x.data = v`` with its own error. Tensors not in
     ``state`` (``strict=False``) are the module's own and are used and updated as in PyTorch;
     non-persistent buffers the module creates are dropped with the rest of the call's changes
