@@ -225,15 +225,6 @@ def combine(header: bytes, blocks: Sequence[PyFuture[bytes]]) -> str:
     return h.hexdigest()
 
 
-def sha256_of(dtype: str, sizes: Sequence[int], data: bytes | memoryview) -> str:
-    """A chunk's checksum computed in this thread (tests, small data)."""
-    view = memoryview(data).cast("B")
-    h = hashlib.sha256(_chunk_header(dtype, sizes))
-    for i in range(0, len(view), BLOCK):
-        h.update(_block_sha(view[i : i + BLOCK]))
-    return h.hexdigest()
-
-
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -305,7 +305,6 @@ CKPT_BAD_DIGEST = (
 )
 CKPT_COMMITTED = " (the checkpoint was committed before the failure)"
 CKPT_NOT_COMMITTED = " (nothing was committed; the previous checkpoint stays)"
-CKPT_ALLOC = "load_checkpoint: {path}: cannot allocate {key} of shape {shape} ({dtype}): {reason}"
 CKPT_OLD_FORMAT = (
     "format version 1 (written by tdfunc 0.x before version 2 of the format): its metadata is "
     "a pickle, which this version never reads; load it with the version that wrote it, in a "
