@@ -546,3 +546,12 @@ def test_format_version_1_is_refused_with_a_reason(tmp_path: Path) -> None:
     with pytest.raises(Corrupt) as e:
         tdd.load_checkpoint(root)
     assert E.CKPT_OLD_FORMAT in str(e.value)
+
+
+def test_a_directory_that_is_not_a_checkpoint_is_left_as_it_was(tmp_path: Path) -> None:
+    root = tmp_path / "mine"
+    root.mkdir()
+    (root / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="is not a checkpoint"):
+        tdd.save_checkpoint(root, _td())
+    assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]  # no lock file either

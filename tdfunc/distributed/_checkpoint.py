@@ -442,8 +442,8 @@ def save_checkpoint(
     try:
         body, state = _describe(td)
         if coordinator:
+            base = check_target(root, overwrite)  # before anything is written there
             store.clean_stale(root)
-            base = check_target(root, overwrite)
             os.makedirs(root, exist_ok=True)
             owner = store.own_version(vdir)
         store.check_space(root, _local_bytes(state))
