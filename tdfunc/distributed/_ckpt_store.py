@@ -137,11 +137,11 @@ def _json(root: str, file: str, raw: bytes) -> Any:
     return obj
 
 
-def open_regular(root: str, name: str, dir_fd: int | None = None) -> int:
+def open_regular(root: str, name: str, dir_fd: int | None = None, folder: str = "") -> int:
     """A descriptor of the regular file ``name`` (relative to ``dir_fd``), opened without
     following a symlink and without blocking on a FIFO; anything else is
     :class:`CheckpointCorruptError` (FileNotFoundError when it does not exist)."""
-    shown = name if dir_fd is None else os.path.join(_dir_name(dir_fd), name)
+    shown = os.path.join(folder, name)
     try:
         fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -153,13 +153,6 @@ def open_regular(root: str, name: str, dir_fd: int | None = None) -> int:
         os.close(fd)
         raise _corrupt(root, shown, "not a regular file")
     return fd
-
-
-def _dir_name(dir_fd: int) -> str:
-    try:
-        return os.readlink(f"/proc/self/fd/{dir_fd}")
-    except OSError:
-        return "<checkpoint version folder>"
 
 
 def read_exact(fd: int, offset: int, n: int) -> bytes:
@@ -179,11 +172,15 @@ def _pread_into(fd: int, view: memoryview, offset: int) -> int:
     return done
 
 
-def _small_file(root: str, name: str, limit: int, dir_fd: int | None = None) -> bytes:
-    fd = open_regular(root, name, dir_fd)
+def _small_file(
+    root: str, name: str, limit: int, dir_fd: int | None = None, folder: str = ""
+) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (``folder``: the path of
+    ``dir_fd``, for messages)."""
+    fd = open_regular(root, name, dir_fd, folder)
     try:
         size = os.fstat(fd).st_size
-        shown = name if dir_fd is None else os.path.join(_dir_name(dir_fd), name)
+        shown = os.path.join(folder, name)
         _need(size <= limit, root, shown, f"{size} bytes (limit {limit})")
         data = read_exact(fd, 0, size)
         _need(len(data) == size, root, shown, "changed while it was read")
@@ -654,7 +651,7 @@ class Manifest:
         root = self.root
         mfile = os.path.join(self.vdir, MANIFEST)
         try:
-            raw = _small_file(root, MANIFEST, MAX_MANIFEST_BYTES, dfd)
+            raw = _small_file(root, MANIFEST, MAX_MANIFEST_BYTES, dfd, self.vdir)
         except FileNotFoundError:
             raise self._moved_or(raw_ptr, mfile, "missing") from None
         sha = hashlib.sha256(raw).hexdigest()
@@ -689,7 +686,7 @@ class Manifest:
         for name, size in self.sizes.items():  # every file: there, regular, of its size
             where = os.path.join(self.vdir, name)
             try:
-                fd = open_regular(root, name, dfd)
+                fd = open_regular(root, name, dfd, self.vdir)
             except FileNotFoundError:
                 raise self._moved_or(raw_ptr, where, "missing") from None
             self.fds[name] = fd
