@@ -21,6 +21,8 @@ from typing import Any
 from . import _collate, _control, _deprecate, nn, optim, testing
 from ._base import Container
 from ._control import cond, scan, while_loop
+from ._donate import DonatedError
+from ._donate import compile as compile  # noqa: A004  # tdfunc.compile, as torch.compile
 from ._errors import KeysDifferError, NodeTypesDifferError, StructureError
 from ._export import dynamic_batch_shapes
 from ._ops import cat, empty_like, full_like, ones_like, stack, zeros_like
@@ -74,6 +76,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "OPTREE_NAMESPACE",
     "Container",
+    "DonatedError",
     "KeysDifferError",
     "MemmapFormatError",
     "MemoryMappedTensor",
@@ -85,6 +88,7 @@ __all__ = [
     "TensorDict",
     "__version__",
     "cat",
+    "compile",
     "cond",
     "dynamic_batch_shapes",
     "empty_like",

@@ -174,3 +174,33 @@ TORCH_MISSING = (
     "{feature} is not available on torch {version}: it needs torch >= {minimum} "
     "(tdfunc is checked on torch {checked})"
 )
+
+
+# ---- donation (tdfunc.compile(donate=...))
+DONATED = (
+    "argument {arg} was donated to {what} (call {call}): its buffers now hold that call's "
+    "outputs; use the values it returned"
+)
+DONATE_INDEX = "tdfunc.compile: donate takes argument positions (ints >= 0), got {value!r}"
+DONATE_REPEATED = "tdfunc.compile: donate names an argument twice: {value}"
+DONATE_MISSING = "{what}: argument {arg} is donated, but the call passed {n} positional arguments"
+DONATE_NOT_CONTAINER = (
+    "{what}: argument {arg} is donated but is a {typ}; donate TensorDicts or tensorclass "
+    "instances (a container can be marked as consumed, a plain tensor cannot)"
+)
+DONATE_MEMMAP = (
+    "{what}: {at} is memory-mapped (mode {mode!r}) and cannot be donated: the outputs would be "
+    "written into its file; pass a copy (.clone()) or do not donate this argument"
+)
+DONATE_REQUIRES_GRAD = (
+    "{what}: {at} requires grad and cannot be donated (an in-place write into an autograd "
+    "leaf); donate detached tensors"
+)
+DONATE_ALIAS = (
+    "{what}: the donated leaves at {a} and {b} share memory; each donated buffer can hold "
+    "one output only. Clone one of them or do not donate"
+)
+DONATE_ALSO_PASSED = (
+    "{what}: the donated leaf at {a} shares memory with {b}, which is not donated: the "
+    "function would read a buffer it overwrites. Pass a copy or donate neither"
+)

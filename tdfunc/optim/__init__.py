@@ -28,6 +28,7 @@ from __future__ import annotations
 from ._core import GradientTransformation, Hyper, Schedule, apply_updates, set_hyperparams
 from ._errors import OptimStateError
 from ._optimizers import adagrad, adam, adamw, lion, rmsprop, sgd
+from ._step import step
 from ._schedules import (
     constant,
     cosine_decay,
@@ -76,6 +77,7 @@ __all__ = [
     "set_hyperparams",
     "set_to_zero",
     "sgd",
+    "step",
     "step_decay",
     "warmup_cosine_decay",
 ]

@@ -589,6 +589,13 @@ Math = Callable[
 ]
 
 
+#: ``fused(grads, params, buffers, count, hypers, donate) -> (new params, new entries) | None``
+FusedMath = Callable[
+    [list[Tensor], list[Tensor], dict[str, list[Tensor]], Any, dict[str, Any], bool],
+    "tuple[list[Tensor], dict[str, Any]] | None",
+]
+
+
 def build(
     tag: str,
     buffers: dict[str, float],
@@ -597,12 +604,15 @@ def build(
     math: Math,
     with_step: bool = True,
     decay_mask: Mask | None = None,
+    fused: FusedMath | None = None,
 ) -> GradientTransformation:
     """A transformation whose state holds ``buffers`` (params-shaped, filled with the given
     values), the step count (``with_step``) and the tensor ``hypers``; ``math`` computes one
     step from the leaves (``count`` is ``None`` without a step count). ``hypers`` passed to
     ``math`` also hold, under :data:`DECAY_PICKS`, the positions of the leaves that
-    ``decay_mask`` selects for weight decay (None: every leaf)."""
+    ``decay_mask`` selects for weight decay (None: every leaf). ``fused`` (optional) is the
+    same step on torch's fused kernel, for :func:`tdfunc.optim.step`: it returns the new
+    params' leaves and the new entries, or None when its kernel does not fit the leaves."""
     assert tag in TAGS, tag
     tensor_hypers = [n for n, v in hypers.items() if isinstance(v, Tensor)]
     keys = (*buffers, *(("step",) if with_step else ()), *tensor_hypers)
@@ -628,7 +638,7 @@ def build(
         entries.update(hyper_state(hypers, bs, dev, what_init))
         return make_state(tag, entries, bs)
 
-    def update(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+    def open_step(grads: Any, state: Any, params: Any) -> _Step:
         check_container(grads, what_update)
         if params is None and needs_params:
             raise TypeError(E.NEEDS_PARAMS.format(what=what_update))
@@ -640,18 +650,47 @@ def build(
             grads_and_params(grads, params, what_update, needs_params)
             raise AssertionError("unreachable: the structures differ")  # pragma: no cover
         ls_g = lists[0]
-        ls_p = None if params is None else lists[1]
         key = tuple(names)
         bufs = {name: buffer(inner, name, key, ls_g, what_update) for name in buffers}
         count = inner._tdf_get("step", None)
         h = {n: hyper_value(hypers, n, inner, count) for n in hypers}
         h[DECAY_PICKS] = decay_picks(decay_mask, grads, what_update)
-        upd, new = math(Lists(ls_g, grads._batch_size), ls_g, ls_p, bufs, count, h)
+        return _Step(ls_g, None if params is None else lists[1], bufs, count, h)
+
+    def update(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        s = open_step(grads, state, params)
+        upd, new = math(Lists(s.g, grads._batch_size), s.g, s.p, s.bufs, s.count, s.h)
         if with_step:
-            new["step"] = count + 1
+            new["step"] = s.count + 1
         return map_leaves(grads, upd), new_state(state, tag, new)
 
+    if fused is not None:
+        run_fused = fused
+
+        def fused_step(grads: Any, state: Any, params: Any, donate: bool) -> Any:
+            s = open_step(grads, state, params)
+            if s.p is None or grads._batch_size:
+                return None
+            out = run_fused(s.g, s.p, s.bufs, s.count, s.h, donate)
+            if out is None:
+                return None
+            new_p, new = out
+            if with_step:
+                new["step"] = s.count + 1
+            return map_leaves(params, new_p), new_state(state, tag, new)
+
+        update.fused = fused_step  # type: ignore[attr-defined]  # read by optim.step
     return GradientTransformation(init, update)
+
+
+class _Step(NamedTuple):
+    """The checked inputs of one step: leaves of grads and params, buffers, count, hypers."""
+
+    g: list[Tensor]
+    p: list[Tensor] | None
+    bufs: dict[str, list[Tensor]]
+    count: Any
+    h: dict[str, Any]
 
 
 def apply_updates(params: Any, updates: Any) -> Any:

@@ -116,3 +116,12 @@ MASK_SELECTS_NOTHING = (
     "{what}: the mask selects no leaf (keys: {keys}); a mask that selects nothing switches the "
     "transformation off: drop it instead"
 )
+DONATED_TO_STEP = (
+    "{arg} was donated to optim.step(..., donate=True): its buffers now hold the new "
+    "{arg}; use the values it returned"
+)
+DONATE_TRACED = (
+    "optim.step(..., donate=True) cannot run inside a compiled function (a traced function "
+    "cannot consume its inputs): call optim.step without donate there, and donate the "
+    "arguments of the whole function with tdfunc.compile(fn, donate=...)"
+)

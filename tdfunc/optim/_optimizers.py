@@ -8,6 +8,7 @@ Each returns *updates* (the change of the params, ``-lr * direction``): apply th
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from ._core import (
     check_hyper,
     is_zero,
 )
+from ._step import fusable, own, run_groups, scalar, steps_tensor
 
 
 def _direction(
@@ -48,6 +50,11 @@ def _direction(
 
 def _neg(v: Any) -> Any:
     return -v
+
+
+def _log(beta: float) -> float:
+    # log(0) for beta == 0: exp(t * -inf) is 0, as 0.0 ** t is for t >= 1
+    return math.log(beta) if beta > 0 else -math.inf
 
 
 def sgd(
@@ -109,9 +116,34 @@ def sgd(
             d = L.add(d, buf, alpha=momentum) if nesterov else buf
         return L.mul(d, _neg(h["lr"])), new
 
+    def fused(
+        g: list[Tensor],
+        p: list[Tensor],
+        bufs: dict[str, list[Tensor]],
+        count: Tensor,
+        h: dict[str, Any],
+        donate: bool,
+    ) -> tuple[list[Tensor], dict[str, Any]] | None:
+        lr_, wd = scalar(h["lr"]), scalar(h["weight_decay"])
+        if lr_ is None or wd is None or count.ndim or not fusable([g, p, *bufs.values()]):
+            return None
+        new = {k: own(v, donate) for k, v in bufs.items()}
+        out = own(p, donate)
+        first = bool(count == 0)
+
+        def run(ls: list[list[Tensor]], decay: float) -> None:
+            torch._fused_sgd_(*ls, weight_decay=decay, momentum=momentum, lr=lr_,
+                              dampening=dampening, nesterov=nesterov, maximize=maximize,
+                              is_first_step=first)  # fmt: skip
+
+        run_groups(run, [out, g, new.get("momentum_buffer", [])], wd, h[DECAY_PICKS])
+        return out, new
+
     buffers = {"momentum_buffer": 0.0} if momentum != 0 else {}
     hypers = {"lr": lr, "weight_decay": weight_decay}
-    return build("sgd", buffers, hypers, not is_zero(weight_decay), math, decay_mask=mask)
+    return build(
+        "sgd", buffers, hypers, not is_zero(weight_decay), math, decay_mask=mask, fused=fused
+    )
 
 
 def _adam(
@@ -146,7 +178,10 @@ def _adam(
         v = L.mul(bufs["exp_avg_sq"], b2)
         L.addcmul_(v, d, d, 1.0 - b2)
         t = (count + 1).to(torch.float64)
-        step_size = lr_ / (1.0 - b1**t)
+        # 1 - beta ** t written as 1 - exp(t * log(beta)): inductor computes this form once
+        # per step before the loops, where it recomputes ``pow`` for every vector of floats
+        bc1, bc2 = 1.0 - torch.exp(t * _log(b1)), 1.0 - torch.exp(t * _log(b2))
+        step_size = lr_ / bc1
         new: dict[str, Any] = {"exp_avg": m, "exp_avg_sq": v}
         if amsgrad:
             vmax = L.maximum(bufs["max_exp_avg_sq"], v)
@@ -154,7 +189,7 @@ def _adam(
             denom = L.sqrt(vmax)
         else:
             denom = L.sqrt(v)
-        L.div_(denom, (1.0 - b2**t).sqrt())
+        L.div_(denom, bc2.sqrt())
         L.add_scalar_(denom, eps)
         upd = L.div_list(m, denom)
         L.mul_(upd, _neg(step_size))
@@ -163,11 +198,37 @@ def _adam(
             add_at_(L, upd, p, _neg(lr_ * wd), h[DECAY_PICKS])
         return upd, new
 
+    def fused(
+        g: list[Tensor],
+        p: list[Tensor],
+        bufs: dict[str, list[Tensor]],
+        count: Tensor,
+        h: dict[str, Any],
+        donate: bool,
+    ) -> tuple[list[Tensor], dict[str, Any]] | None:
+        lr_, wd = scalar(h["lr"]), scalar(h["weight_decay"])
+        if lr_ is None or wd is None or not fusable([g, p, *bufs.values()]):
+            return None
+        new = {k: own(v, donate) for k, v in bufs.items()}
+        out = own(p, donate)
+        kernel = torch._fused_adamw_ if decoupled else torch._fused_adam_
+        lists = [out, g, new["exp_avg"], new["exp_avg_sq"]]
+        lists += [new["max_exp_avg_sq"] if amsgrad else [], steps_tensor(count, len(p))]
+
+        def run(ls: list[list[Tensor]], decay: float) -> None:
+            kernel(*ls, lr=lr_, beta1=b1, beta2=b2, weight_decay=decay, eps=eps,
+                   amsgrad=amsgrad, maximize=maximize)  # fmt: skip
+
+        run_groups(run, lists, wd, h[DECAY_PICKS])
+        return out, new
+
     buffers = {"exp_avg": 0.0, "exp_avg_sq": 0.0}
     if amsgrad:
         buffers["max_exp_avg_sq"] = 0.0
     hypers = {"lr": lr, "weight_decay": weight_decay}
-    return build(tag, buffers, hypers, not is_zero(weight_decay), math, decay_mask=mask)
+    return build(
+        tag, buffers, hypers, not is_zero(weight_decay), math, decay_mask=mask, fused=fused
+    )
 
 
 def adam(
@@ -342,9 +403,32 @@ def adagrad(
         upd = L.div_list(d, std)
         return L.mul_(upd, _neg(clr)), {"sum": acc}
 
+    def fused(
+        g: list[Tensor],
+        p: list[Tensor],
+        bufs: dict[str, list[Tensor]],
+        count: Tensor,
+        h: dict[str, Any],
+        donate: bool,
+    ) -> tuple[list[Tensor], dict[str, Any]] | None:
+        lr_, wd = scalar(h["lr"]), scalar(h["weight_decay"])
+        if lr_ is None or wd is None or not fusable([g, p, *bufs.values()]):
+            return None
+        new = {k: own(v, donate) for k, v in bufs.items()}
+        out = own(p, donate)
+
+        def run(ls: list[list[Tensor]], decay: float) -> None:
+            torch._fused_adagrad_(*ls, lr=lr_, lr_decay=lr_decay, weight_decay=decay, eps=eps,
+                                  maximize=maximize)  # fmt: skip
+
+        run_groups(run, [out, g, new["sum"], steps_tensor(count, len(p))], wd, h[DECAY_PICKS])
+        return out, new
+
     hypers = {"lr": lr, "weight_decay": weight_decay}
     buffers = {"sum": float(initial_accumulator_value)}
-    return build("adagrad", buffers, hypers, not is_zero(weight_decay), math, decay_mask=mask)
+    return build(
+        "adagrad", buffers, hypers, not is_zero(weight_decay), math, decay_mask=mask, fused=fused
+    )
 
 
 def lion(

@@ -14,6 +14,7 @@ from .._compat import foreach_norm
 from .._tree import KeyPath, leaves, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
 from . import _errors as E
+from ._step import fused_of
 from ._core import (
     GradientTransformation,
     Hyper,
@@ -68,6 +69,24 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
             grads, new[n] = t.update(grads, inner._tdf_get(n, None), params)
         return grads, new_state(state, "chain", new)
 
+    last = fused_of(transforms[-1]) if transforms else None
+    if last is not None:
+        run_last = last
+
+        def fused_step(grads: Any, state: Any, params: Any, donate: bool) -> Any:
+            # the others' updates, then the last one's fused step
+            check_container(grads, what)
+            inner = open_state(state, "chain", names, grads, what)
+            new: dict[str, Any] = {}
+            for n, t in zip(names[:-1], transforms[:-1]):
+                grads, new[n] = t.update(grads, inner._tdf_get(n, None), params)
+            out = run_last(grads, inner._tdf_get(names[-1], None), params, donate)
+            if out is None:
+                return None
+            params, new[names[-1]] = out
+            return params, new_state(state, "chain", new)
+
+        update.fused = fused_step  # type: ignore[attr-defined]  # read by optim.step
     return GradientTransformation(init, update)
 
 

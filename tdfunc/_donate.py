@@ -1,0 +1,345 @@
+"""Donation: "I will not use these inputs again", so their memory holds the outputs.
+
+A pure step returns new parameters and a new optimizer state; compiled, that means fresh
+buffers for every leaf on every step (and, above 32 MB, page faults to map them). Donating the
+inputs lets the step write its outputs into the memory of the inputs it was given, as
+``torch.optim`` does in place and as JAX does with ``donate_argnums``, while the function
+itself stays pure:
+
+* :func:`compile` wraps a function: after it computes its outputs, each output leaf is copied
+  into a donated input leaf of the same shape, dtype, device and layout (the first unused one,
+  in flatten order) and that input tensor is returned in its place. Compiled, the copy is an
+  input mutation of the graph: inductor writes the results straight into the donated buffers
+  (no new allocation, no extra pass). Eagerly (``disable=True``) the same rule runs as written
+  (one copy per leaf): the same values, the same memory, the same checks.
+* a donated container is *consumed*: every later use of it, or of a container nested in it,
+  raises :class:`DonatedError` naming the call that consumed it. Tensors taken out of it
+  before the call are the caller's responsibility: they now hold that call's outputs.
+
+The checks run eagerly around the call, never inside a traced graph (boundary code, like the
+slot plan of :func:`tdfunc.functional_call`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+
+from . import _errors as E
+from ._tree import KeyPath, Node, is_node, leaves_with_paths
+
+
+class DonatedError(RuntimeError):
+    """A container was used after it was donated: its buffers hold a later call's outputs."""
+
+
+DonatedError.__module__ = "tdfunc"  # shown as tdfunc.DonatedError, where it is exported
+
+
+class _Consumed:
+    """Marker base of the consumed variant of each container class (see :func:`consume`)."""
+
+    __slots__ = ()
+
+
+def _refuse(self: Any, name: str) -> Any:
+    if name == "__class__":
+        return object.__getattribute__(self, name)
+    # the message was stored in the batch size slot (every container has one)
+    raise DonatedError(object.__getattribute__(self, "_batch_size"))
+
+
+def _consumed_repr(self: Any) -> str:
+    cls = type(self).__mro__[2].__name__
+    return f"<donated {cls}: {object.__getattribute__(self, '_batch_size')}>"
+
+
+_CONSUMED_CLASSES: dict[type, type] = {}
+
+
+def _consumed_class(cls: type) -> type:
+    """The consumed variant of a container class: same layout, every attribute raises."""
+    out = _CONSUMED_CLASSES.get(cls)
+    if out is None:
+        ns = {"__slots__": (), "__getattribute__": _refuse, "__repr__": _consumed_repr}
+        out = type(f"Donated{cls.__name__}", (_Consumed, cls), ns)
+        _CONSUMED_CLASSES[cls] = out
+    return out
+
+
+def _nodes(node: Any, out: list[Any]) -> list[Any]:
+    out.append(node)
+    for v in node._tdf_children():
+        if isinstance(v, Node):
+            _nodes(v, out)
+    return out
+
+
+def consume(node: Any, message: str) -> None:
+    """Mark ``node`` and every container nested in it as consumed: any later use raises
+    :class:`DonatedError` with ``message``. The tensors themselves are not touched.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(2), b={"c": torch.ones(1)})
+        >>> inner = td["b"]
+        >>> consume(td, "td was donated to step() (call 1)")
+        >>> inner["c"]
+        Traceback (most recent call last):
+        ...
+        tdfunc.DonatedError: td was donated to step() (call 1)
+    """
+    for n in _nodes(node, []):
+        object.__setattr__(n, "__class__", _consumed_class(type(n)))
+        object.__setattr__(n, "_batch_size", message)
+
+
+def is_consumed(x: Any) -> bool:
+    """True for a container that was donated (consumed).
+
+    Example:
+        >>> import torch, tdfunc
+        >>> is_consumed(tdfunc.TensorDict(a=torch.zeros(1)))
+        False
+    """
+    return isinstance(x, _Consumed)
+
+
+def check_not_consumed(x: Any) -> None:
+    """:class:`DonatedError` when ``x`` is a consumed container."""
+    if isinstance(x, _Consumed):
+        raise DonatedError(object.__getattribute__(x, "_batch_size"))
+
+
+# --------------------------------------------------------------------------------------
+# the rules on donated leaves
+# --------------------------------------------------------------------------------------
+def _extent(t: Tensor) -> tuple[int, int]:
+    """The bytes of its storage ``t`` may touch: ``[start, end)``."""
+    size = t.element_size()
+    start = t.storage_offset() * size
+    if t.numel() == 0:
+        return start, start
+    span = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+    return start, start + (span + 1) * size
+
+
+def _overlap(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors of one storage may touch a common byte."""
+    (a0, a1), (b0, b1) = _extent(a), _extent(b)
+    return a0 < b1 and b0 < a1
+
+
+def _fmt(arg: int, path: KeyPath) -> str:
+    return f"argument {arg}, key {'.'.join(path)!r}" if path else f"argument {arg}"
+
+
+def check_donated(
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    donate: tuple[int, ...],
+    what: str,
+    grad_ok: bool = False,
+) -> list[tuple[int, KeyPath, Tensor]]:
+    """The donated leaves ``(argument, key path, tensor)``, after the rules: donated
+    arguments are containers not consumed yet; no memory-mapped leaf, no leaf that requires
+    grad, no two donated leaves that overlap in memory, no donated leaf whose memory is also
+    passed un-donated. Raises a typed error naming the argument and the key otherwise.
+    ``grad_ok`` admits leaves that require grad (for writers that run under ``no_grad``)."""
+    from .memmap._tensor import MemoryMappedTensor
+
+    for a in args:
+        check_not_consumed(a)
+    for a in kwargs.values():
+        check_not_consumed(a)
+    out: list[tuple[int, KeyPath, Tensor]] = []
+    for i in donate:
+        if i >= len(args):
+            raise TypeError(E.DONATE_MISSING.format(what=what, arg=i, n=len(args)))
+        x = args[i]
+        if not is_node(x):
+            raise TypeError(E.DONATE_NOT_CONTAINER.format(what=what, arg=i, typ=type(x).__name__))
+        for path, t in leaves_with_paths(x):
+            if isinstance(t, MemoryMappedTensor):
+                err = PermissionError if t.mode == "r" else ValueError
+                raise err(E.DONATE_MEMMAP.format(what=what, at=_fmt(i, path), mode=t.mode))
+            if t.requires_grad and not grad_ok:
+                raise ValueError(E.DONATE_REQUIRES_GRAD.format(what=what, at=_fmt(i, path)))
+            out.append((i, path, t))
+    # overlaps: extents are compared only between leaves that share a storage (rare)
+    by_storage: dict[int, list[tuple[int, KeyPath, Tensor]]] = {}
+    for i, path, t in out:
+        group = by_storage.setdefault(t.untyped_storage().data_ptr(), [])
+        for j, other_path, other in group:
+            if _overlap(t, other):
+                raise ValueError(
+                    E.DONATE_ALIAS.format(what=what, a=_fmt(j, other_path), b=_fmt(i, path))
+                )
+        group.append((i, path, t))
+    donated = set(donate)
+    for j, a in [*((j, a) for j, a in enumerate(args) if j not in donated), *kwargs.items()]:
+        for path, t in _tensor_leaves(a):
+            for i, other_path, other in by_storage.get(t.untyped_storage().data_ptr(), ()):
+                if _overlap(t, other):
+                    at = f"argument {j!r}" + (f", key {'.'.join(path)!r}" if path else "")
+                    raise ValueError(
+                        E.DONATE_ALSO_PASSED.format(what=what, a=_fmt(i, other_path), b=at)
+                    )
+    return out
+
+
+def _tensor_leaves(x: Any) -> list[tuple[KeyPath, Tensor]]:
+    if isinstance(x, Tensor):
+        return [((), x)]
+    if is_node(x):
+        return leaves_with_paths(x)
+    pairs, _ = pytree.tree_flatten_with_path(x)
+    return [
+        (tuple(str(k) for k in p), v) for p, v in pairs if isinstance(v, Tensor)
+    ]
+
+
+# --------------------------------------------------------------------------------------
+# the traced part: outputs into donated buffers
+# --------------------------------------------------------------------------------------
+def store_outputs(out: Any, donors: list[Tensor]) -> Any:
+    """``out`` with each tensor leaf written into a donated tensor of the same shape,
+    dtype, device and layout (the first unused one, in order), which takes its place.
+
+    An output that *is* a donated tensor keeps it (nothing to copy); an output that is a
+    view is returned as a copy of its own (its base may be a donated buffer that another
+    output overwrites); outputs with no matching donor stay as they are.
+
+    Example:
+        >>> import torch
+        >>> a = torch.zeros(2)
+        >>> (r,) = store_outputs((torch.ones(2),), [a])
+        >>> r is a, a.tolist()
+        (True, [1.0, 1.0])
+    """
+    flat, spec = pytree.tree_flatten(out)
+    pool = list(donors)
+    new: list[Any] = []
+    for o in flat:  # before any write: pass-through outputs keep their buffer, views a copy
+        if isinstance(o, Tensor):
+            kept = [k for k, d in enumerate(pool) if o is d]
+            if kept:
+                del pool[kept[0]]
+            elif o._base is not None and not any(o is d for d in donors):
+                o = o.clone()
+        new.append(o)
+    for j, o in enumerate(new):
+        if not isinstance(o, Tensor) or any(o is d for d in donors):
+            continue
+        for k, d in enumerate(pool):
+            if (
+                d.shape == o.shape
+                and d.dtype == o.dtype
+                and d.device == o.device
+                and d.layout == o.layout
+            ):
+                d.copy_(o)
+                new[j] = d
+                del pool[k]
+                break
+    return pytree.tree_unflatten(new, spec)
+
+
+def _run_and_store(fn: Callable[..., Any], donate: tuple[int, ...], *args: Any, **kw: Any) -> Any:
+    out = fn(*args, **kw)
+    donors = [t for i in donate for _, t in leaves_with_paths(args[i])]
+    return store_outputs(out, donors)
+
+
+class Donating:
+    """The callable :func:`compile` returns (see there)."""
+
+    def __init__(
+        self, fn: Callable[..., Any], donate: tuple[int, ...], kwargs: dict[str, Any]
+    ) -> None:
+        self.fn = fn
+        self.donate = donate
+        self.name = getattr(fn, "__qualname__", None) or repr(fn)
+        self.calls = 0
+        inner = functools.partial(_run_and_store, fn, donate)
+        self.compiled = torch.compile(inner, **kwargs)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        what = f"tdfunc.compile({self.name})"
+        check_donated(args, kwargs, self.donate, what)
+        out = self.compiled(*args, **kwargs)
+        self.calls += 1
+        for i in self.donate:
+            consume(
+                args[i],
+                E.DONATED.format(arg=i, what=what, call=self.calls),
+            )
+        return out
+
+
+def compile(  # noqa: A001  # tdfunc.compile, as torch.compile
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    donate: int | Sequence[int] = (),
+    **kwargs: Any,
+) -> Any:
+    """``torch.compile(fn, **kwargs)`` that writes the outputs into donated inputs.
+
+    ``donate`` names the positional arguments (containers) the caller will not use again.
+    Each output leaf is written into a donated leaf with the same shape, dtype, device and
+    layout (the first unused one, in flatten order; JAX's ``donate_argnums`` rule), which
+    is returned in its place; other outputs are new tensors as usual. Compiled, inductor then
+    stores the results straight into the donated memory (no allocation per step); the values
+    are exactly those of the undonated call. After the call every donated container (and
+    every container nested in it) is consumed: using it raises :class:`DonatedError` naming
+    this call. Tensors taken out of a donated container before the call now hold the
+    outputs: they are the caller's responsibility.
+
+    Refused (typed errors naming the argument and key): a donated argument that is not a
+    container or was consumed already; a memory-mapped leaf (``PermissionError`` when
+    read-only, ``ValueError`` otherwise: the write would go to the file); a leaf that
+    requires grad; two donated leaves that overlap in memory; a donated leaf whose memory
+    is also passed in an argument not donated. ``disable=True`` runs eagerly with the same
+    rules and results. Without ``donate`` this is ``torch.compile``.
+
+    Args:
+        fn: the function (or use ``@tdfunc.compile(donate=...)`` as a decorator).
+        donate: a position or positions of ``fn``'s arguments.
+        **kwargs: passed to ``torch.compile`` (``fullgraph``, ``backend``, ``mode``,
+            ``dynamic``, ``disable``...).
+
+    Example:
+        >>> import torch, tdfunc
+        >>> def step(params, lr):
+        ...     return params.apply(lambda p: p - lr * p)
+        >>> step = tdfunc.compile(step, donate=0, backend="eager", fullgraph=True)
+        >>> p = tdfunc.TensorDict(w=torch.ones(3))
+        >>> w = p["w"]
+        >>> p2 = step(p, 0.5)
+        >>> p2["w"] is w, w.tolist()
+        (True, [0.5, 0.5, 0.5])
+        >>> p["w"]
+        Traceback (most recent call last):
+        ...
+        tdfunc.DonatedError: argument 0 was donated to tdfunc.compile(step) (call 1): its buffers now hold that call's outputs; use the values it returned
+    """
+    if fn is None:
+        return functools.partial(compile, donate=donate, **kwargs)
+    if isinstance(donate, int) or not isinstance(donate, Sequence) or isinstance(donate, str):
+        donate = (donate,)  # type: ignore[assignment]  # one position; checked below
+    idx = tuple(donate)  # type: ignore[arg-type]
+    for i in idx:
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise TypeError(E.DONATE_INDEX.format(value=i))
+    if len(set(idx)) != len(idx):
+        raise ValueError(E.DONATE_REPEATED.format(value=idx))
+    if not idx:
+        return torch.compile(fn, **kwargs)
+    return Donating(fn, tuple(sorted(idx)), kwargs)

@@ -1,0 +1,185 @@
+"""``optim.step``: one whole optimizer step, ``(params, state) -> (new params, new state)``,
+on torch's fused kernels where torch has one.
+
+``opt.update`` + ``apply_updates`` make about ten ``torch._foreach_*`` passes over every
+leaf. torch ships one fused kernel per optimizer (``torch._fused_adamw_``, ``_fused_adam_``,
+``_fused_sgd_``, ``_fused_adagrad_``) that reads each element once, but writes the params and
+the state in place. :func:`step` runs it eagerly on private copies (pure: the inputs are left
+as they were) or, with ``donate=True``, on the given buffers themselves (the inputs are then
+consumed). A compiled graph cannot hold these kernels: under ``torch.compile`` Dynamo traces
+the twin below, ``update`` + ``apply_updates``, which inductor fuses into one loop of its own
+(:func:`tdfunc.compile` with ``donate=`` makes it write in place). Where no fused kernel fits
+(batch dims, ``torch.vmap``, per-member hyperparameters, other optimizers, mixed dtypes or
+devices) the eager step is ``update`` + ``apply_updates`` too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .. import _donate
+from .._twins import traced_as
+from . import _errors as E
+from ._core import GradientTransformation, apply_updates, check_container
+
+#: ``fused(grads, state, params, donate) -> (params, state)`` or None (no kernel fits)
+Fused = Callable[[Any, Any, Any, bool], "tuple[Any, Any] | None"]
+
+_WHAT = "optim.step"
+
+
+def fused_of(opt: GradientTransformation) -> Fused | None:
+    """The fused step registered on ``opt.update`` (None: none)."""
+    return getattr(opt.update, "fused", None)
+
+
+def step(
+    opt: GradientTransformation, grads: Any, state: Any, params: Any, *, donate: bool = False
+) -> tuple[Any, Any]:
+    """One optimizer step: the new params and the new state.
+
+    The same values as ``updates, state = opt.update(grads, state, params)`` followed by
+    ``params = apply_updates(params, updates)`` (to the rounding of torch's fused kernels),
+    faster: eagerly, :func:`adam`, :func:`adamw`, :func:`sgd` and :func:`adagrad` (alone or
+    last in a :func:`chain`) run torch's fused kernel, one pass over each leaf, on private
+    copies of the params and the state. Under ``torch.compile`` this traces as ``update`` +
+    ``apply_updates`` (inductor fuses those itself). Like ``torch.optim``'s ``step``, it
+    records nothing for autograd (the results do not require grad); to differentiate through
+    an update, use ``update`` and ``apply_updates``.
+
+    ``donate=True`` (eager only) says the caller will not use ``params`` and ``state`` again:
+    the kernel then writes into their buffers (no copy, no new memory, as ``torch.optim``),
+    the returned containers hold those same tensors, and ``params`` and ``state`` (and every
+    container nested in them) are consumed: using them raises :class:`tdfunc.DonatedError`.
+    Tensors taken out of them before are the caller's responsibility. The rules of
+    :func:`tdfunc.compile` apply (no memory-mapped leaf, no leaf requiring grad, no buffer
+    shared between params, state and grads). In a compiled function, donate the arguments
+    of the whole step with ``tdfunc.compile(fn, donate=...)`` instead.
+
+    Args:
+        opt: the optimizer.
+        grads: the gradients (the params' structure).
+        state: the optimizer state (``opt.init(params)``).
+        params: the parameters.
+        donate: write into ``params`` and ``state`` and consume them.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> from tdfunc import optim
+        >>> opt = optim.adamw(lr=0.1)
+        >>> params = tdfunc.TensorDict(w=torch.ones(2))
+        >>> state = opt.init(params)
+        >>> new_params, new_state = optim.step(opt, params, state, params)
+        >>> [round(x, 4) for x in new_params["w"].tolist()], params["w"].tolist()
+        ([0.89, 0.89], [1.0, 1.0])
+        >>> grads, w = new_params.clone(), new_params["w"]
+        >>> p2, s2 = optim.step(opt, grads, new_state, new_params, donate=True)
+        >>> p2["w"] is w   # written in place: new_params and new_state are consumed
+        True
+    """
+    if not isinstance(opt, GradientTransformation):
+        raise TypeError(E.NOT_A_TRANSFORMATION.format(what=_WHAT, typ=type(opt).__name__))
+    check_container(grads, _WHAT)
+    check_container(params, _WHAT)
+    donors: list[Tensor] = []
+    if donate:
+        checked = _donate.check_donated((grads, state, params), {}, (1, 2), _WHAT, grad_ok=True)
+        donors = [t for _, _, t in checked]
+    with torch.no_grad():
+        fused = fused_of(opt)
+        out = fused(grads, state, params, donate) if fused is not None else None
+        if out is None:
+            updates, new_state = opt.update(grads, state, params)
+            out = (apply_updates(params, updates), new_state)
+            if donate:
+                out = _donate.store_outputs(out, donors)
+    if donate:
+        _donate.consume(state, E.DONATED_TO_STEP.format(arg="state"))
+        _donate.consume(params, E.DONATED_TO_STEP.format(arg="params"))
+    return out
+
+
+@traced_as(step)
+def _traced_step(
+    opt: GradientTransformation, grads: Any, state: Any, params: Any, *, donate: bool = False
+) -> tuple[Any, Any]:
+    if donate:
+        raise TypeError(E.DONATE_TRACED)
+    with torch.no_grad():
+        updates, new_state = opt.update(grads, state, params)
+        return apply_updates(params, updates), new_state
+
+
+# --------------------------------------------------------------------------------------
+# the fused kernels
+# --------------------------------------------------------------------------------------
+def fusable(lists: list[list[Tensor]]) -> bool:
+    """Leaves a fused kernel takes: plain strided tensors (or parameters) of a floating
+    dtype, on cpu or cuda, not batched by ``torch.vmap``, and at each position one dtype,
+    device and shape across the lists."""
+    first = lists[0]
+    if not first or first[0].device.type not in ("cpu", "cuda"):
+        return False
+    batched = torch._C._functorch.is_batchedtensor
+    for row in zip(*lists):
+        x = row[0]
+        dtype, device, shape = x.dtype, x.device, x.shape
+        if dtype not in _FLOATS:
+            return False
+        for y in row:
+            if (
+                (type(y) is not Tensor and type(y) is not torch.nn.Parameter)
+                or y.dtype != dtype
+                or y.device != device
+                or y.shape != shape
+                or y.layout != torch.strided
+                or batched(y)
+            ):
+                return False
+    return True
+
+
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def scalar(v: Any) -> float | None:
+    """A hyperparameter as a Python float for a fused kernel: numbers, and 0-d tensors (one
+    value for the whole step); None for anything else (per-member values)."""
+    if isinstance(v, Tensor):
+        return float(v) if v.ndim == 0 else None
+    return float(v)
+
+
+def own(ls: list[Tensor], donate: bool) -> list[Tensor]:
+    """The buffers a fused kernel may write: the given ones when donated, copies otherwise."""
+    return ls if donate else [x.clone() for x in ls]
+
+
+def steps_tensor(count: Tensor, n: int) -> list[Tensor]:
+    """The step counts a fused kernel reads (after the increment): one float64 tensor,
+    ``n`` times (float64 holds every count exactly)."""
+    t = (count + 1).to(torch.float64)
+    return [t] * n
+
+
+def run_groups(
+    run: Callable[[list[list[Tensor]], float], None],
+    lists: list[list[Tensor]],
+    decay: float,
+    picks: list[int] | None,
+) -> None:
+    """``run(lists, decay)`` over all leaves, or, with a decay mask, over the leaves
+    ``picks`` with ``decay`` and over the others with none (the kernels take one decay).
+    Empty lists (an unused argument of the kernel) stay empty."""
+    if picks is None or decay == 0:
+        run(lists, decay)
+        return
+    chosen = set(picks)
+    rest = [i for i in range(len(lists[0])) if i not in chosen]
+    for idx, d in ((picks, decay), (rest, 0.0)):
+        if idx:
+            run([[x[i] for i in idx] if x else x for x in lists], d)
