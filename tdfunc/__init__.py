@@ -22,7 +22,7 @@ from . import _collate, _control, _deprecate, nn, optim, testing
 from ._base import Container
 from ._control import cond, scan, while_loop
 from ._donate import DonatedError
-from ._donate import compile as compile  # noqa: A004  # tdfunc.compile, as torch.compile
+from ._donate import compile as compile  # tdfunc.compile, as torch.compile
 from ._errors import KeysDifferError, NodeTypesDifferError, StructureError
 from ._export import dynamic_batch_shapes
 from ._ops import cat, empty_like, full_like, ones_like, stack, zeros_like

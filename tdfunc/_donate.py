@@ -122,10 +122,10 @@ def check_not_consumed(x: Any) -> None:
 def _extent(t: Tensor) -> tuple[int, int]:
     """The bytes of its storage ``t`` may touch: ``[start, end)``."""
     size = t.element_size()
-    start = t.storage_offset() * size
+    start = int(t.storage_offset()) * size
     if t.numel() == 0:
         return start, start
-    span = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+    span = sum((int(n) - 1) * abs(int(s)) for n, s in zip(t.shape, t.stride()))
     return start, start + (span + 1) * size
 
 
@@ -135,22 +135,25 @@ def _overlap(a: Tensor, b: Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
-def _fmt(arg: int, path: KeyPath) -> str:
-    return f"argument {arg}, key {'.'.join(path)!r}" if path else f"argument {arg}"
-
-
 def check_donated(
     args: Sequence[Any],
     kwargs: dict[str, Any],
     donate: tuple[int, ...],
     what: str,
     grad_ok: bool = False,
+    names: Sequence[str] = (),
 ) -> list[tuple[int, KeyPath, Tensor]]:
     """The donated leaves ``(argument, key path, tensor)``, after the rules: donated
     arguments are containers not consumed yet; no memory-mapped leaf, no leaf that requires
     grad, no two donated leaves that overlap in memory, no donated leaf whose memory is also
     passed un-donated. Raises a typed error naming the argument and the key otherwise.
-    ``grad_ok`` admits leaves that require grad (for writers that run under ``no_grad``)."""
+    ``grad_ok`` admits leaves that require grad (for writers that run under ``no_grad``);
+    ``names`` names the positional arguments in messages (default: "argument i")."""
+
+    def _fmt(arg: int | str, path: KeyPath) -> str:
+        at = names[arg] if isinstance(arg, int) and arg < len(names) else f"argument {arg!r}"
+        return f"{at}, key {'.'.join(path)!r}" if path else at
+
     from .memmap._tensor import MemoryMappedTensor
 
     for a in args:
@@ -175,20 +178,22 @@ def check_donated(
     by_storage: dict[int, list[tuple[int, KeyPath, Tensor]]] = {}
     for i, path, t in out:
         group = by_storage.setdefault(t.untyped_storage().data_ptr(), [])
-        for j, other_path, other in group:
+        for k, other_path, other in group:
             if _overlap(t, other):
                 raise ValueError(
-                    E.DONATE_ALIAS.format(what=what, a=_fmt(j, other_path), b=_fmt(i, path))
+                    E.DONATE_ALIAS.format(what=what, a=_fmt(k, other_path), b=_fmt(i, path))
                 )
         group.append((i, path, t))
     donated = set(donate)
-    for j, a in [*((j, a) for j, a in enumerate(args) if j not in donated), *kwargs.items()]:
+    others: list[tuple[int | str, Any]] = [(j, a) for j, a in enumerate(args) if j not in donated]
+    for name, a in [*others, *kwargs.items()]:
         for path, t in _tensor_leaves(a):
-            for i, other_path, other in by_storage.get(t.untyped_storage().data_ptr(), ()):
+            for k, other_path, other in by_storage.get(t.untyped_storage().data_ptr(), ()):
                 if _overlap(t, other):
-                    at = f"argument {j!r}" + (f", key {'.'.join(path)!r}" if path else "")
                     raise ValueError(
-                        E.DONATE_ALSO_PASSED.format(what=what, a=_fmt(i, other_path), b=at)
+                        E.DONATE_ALSO_PASSED.format(
+                            what=what, a=_fmt(k, other_path), b=_fmt(name, path)
+                        )
                     )
     return out
 
@@ -199,9 +204,7 @@ def _tensor_leaves(x: Any) -> list[tuple[KeyPath, Tensor]]:
     if is_node(x):
         return leaves_with_paths(x)
     pairs, _ = pytree.tree_flatten_with_path(x)
-    return [
-        (tuple(str(k) for k in p), v) for p, v in pairs if isinstance(v, Tensor)
-    ]
+    return [(tuple(str(k) for k in p), v) for p, v in pairs if isinstance(v, Tensor)]
 
 
 # --------------------------------------------------------------------------------------
@@ -283,7 +286,7 @@ class Donating:
         return out
 
 
-def compile(  # noqa: A001  # tdfunc.compile, as torch.compile
+def compile(  # tdfunc.compile, as torch.compile
     fn: Callable[..., Any] | None = None,
     /,
     *,
@@ -333,8 +336,8 @@ def compile(  # noqa: A001  # tdfunc.compile, as torch.compile
     if fn is None:
         return functools.partial(compile, donate=donate, **kwargs)
     if isinstance(donate, int) or not isinstance(donate, Sequence) or isinstance(donate, str):
-        donate = (donate,)  # type: ignore[assignment]  # one position; checked below
-    idx = tuple(donate)  # type: ignore[arg-type]
+        donate = (donate,)  # one position; checked below
+    idx = tuple(donate)
     for i in idx:
         if not isinstance(i, int) or isinstance(i, bool) or i < 0:
             raise TypeError(E.DONATE_INDEX.format(value=i))

@@ -55,10 +55,14 @@ def test_donated_step_writes_in_place_with_the_undonated_values(mode: str) -> No
     # bit-identical to the plain run, and the outputs are the donated tensors themselves
     assert torch.equal(params["w"], ref_params["w"])
     assert torch.equal(params["inner", "b"], ref_params["inner", "b"])
-    assert torch.equal(state["m"], ref_state["m"]) and int(state["n"]) == 3
-    assert params["w"] is first[0] and params["inner", "b"] is first[1]
-    assert state["n"] is first[2] and state["m"] is first[3]
-    assert params.batch_size == torch.Size([]) and params["inner"].batch_size == torch.Size([])
+    assert torch.equal(state["m"], ref_state["m"])
+    assert int(state["n"]) == 3
+    assert params["w"] is first[0]
+    assert params["inner", "b"] is first[1]
+    assert state["n"] is first[2]
+    assert state["m"] is first[3]
+    assert params.batch_size == torch.Size([])
+    assert params["inner"].batch_size == torch.Size([])
     if mode == "compiled":
         assert cnt.frame_count == 1  # three calls, one graph: no recompile
 
@@ -102,7 +106,9 @@ def test_a_consumed_container_raises_naming_the_call() -> None:
         assert str(info.value) == expected
     with pytest.raises(tdfunc.DonatedError, match=r"argument 1 .* \(call 1\)"):
         fn(new_params, state, grads)  # the state was consumed by call 1
-    assert is_consumed(params) and is_consumed(inner) and not is_consumed(new_params)
+    assert is_consumed(params)
+    assert is_consumed(inner)
+    assert not is_consumed(new_params)
     assert "donated TensorDict" in repr(params)
     # a tensor taken out before the call is the donated buffer: it holds the new value
     assert w is new_params["w"]
@@ -111,7 +117,10 @@ def test_a_consumed_container_raises_naming_the_call() -> None:
 def test_only_matching_leaves_are_reused() -> None:
     def fn(params: Any) -> Any:
         return tdfunc.TensorDict(
-            w=params["w"].double(), v=params["w"] * 2, extra=torch.ones(2, 2), b=params["inner", "b"] + 1
+            w=params["w"].double(),
+            v=params["w"] * 2,
+            extra=torch.ones(2, 2),
+            b=params["inner", "b"] + 1,
         )
 
     params, _, _ = make()
@@ -119,9 +128,11 @@ def test_only_matching_leaves_are_reused() -> None:
     expected = fn(params.clone())
     out = tdfunc.compile(fn, donate=0, backend="eager", fullgraph=True)(params)
     tdfunc.testing.assert_close(out, expected)
-    assert out["w"].dtype == torch.float64 and out["w"] is not w  # other dtype: a new tensor
+    assert out["w"].dtype == torch.float64
+    assert out["w"] is not w
     assert out["v"] is w  # first float32 [4, 3] output takes w's buffer
-    assert out["extra"] is not w and out["b"] is b
+    assert out["extra"] is not w
+    assert out["b"] is b
 
 
 def test_pass_through_views_and_swaps() -> None:
@@ -133,7 +144,8 @@ def test_pass_through_views_and_swaps() -> None:
         a = tdfunc.TensorDict(x=torch.ones(3), y=torch.full((3,), 2.0), z=torch.zeros(3))
         z = a["z"]
         out = tdfunc.compile(fn, donate=0, **kw)(a)
-        assert out["x"].tolist() == [2.0, 2.0, 2.0] and out["y"].tolist() == [1.0, 1.0, 1.0]
+        assert out["x"].tolist() == [2.0, 2.0, 2.0]
+        assert out["y"].tolist() == [1.0, 1.0, 1.0]
         assert out["z"] is z
         # the view was taken of x before x's buffer received y's value: it is a copy
         assert out["row"].item() == 1.0
@@ -147,17 +159,21 @@ def test_tensorclass_and_decorator_form() -> None:
     p = Pair(x=torch.zeros(2), y=torch.ones(2))
     x = p.x
     out = swap(p)
-    assert out.x is x and out.x.tolist() == [2.0, 2.0] and out.y.tolist() == [1.0, 1.0]
+    assert out.x is x
+    assert out.x.tolist() == [2.0, 2.0]
+    assert out.y.tolist() == [1.0, 1.0]
     with pytest.raises(tdfunc.DonatedError):
         p.x  # noqa: B018
-    assert isinstance(out, Pair) and not is_consumed(out)
+    assert isinstance(out, Pair)
+    assert not is_consumed(out)
 
 
 def test_without_donate_it_is_torch_compile() -> None:
     params, state, grads = make()
     fn = tdfunc.compile(step, backend="eager", fullgraph=True)
     out, _ = fn(params, state, grads)
-    assert out["w"] is not params["w"] and not is_consumed(params)
+    assert out["w"] is not params["w"]
+    assert not is_consumed(params)
 
 
 # ------------------------------------------------------------------------ refused inputs
@@ -177,7 +193,9 @@ def test_memory_mapped_leaves_are_refused(tmp_path: Any) -> None:
     with pytest.raises(ValueError, match=r"mode 'r\+'\) and cannot be donated"):
         fn(rw, state, grads)
     _unchanged(params, tdfunc.load(tmp_path / "p").clone())
-    assert not is_consumed(ro) and not is_consumed(rw) and not is_consumed(state)
+    assert not is_consumed(ro)
+    assert not is_consumed(rw)
+    assert not is_consumed(state)
 
 
 def test_aliased_and_shared_leaves_are_refused() -> None:
@@ -195,7 +213,8 @@ def test_aliased_and_shared_leaves_are_refused() -> None:
     with pytest.raises(ValueError, match=r"shares memory with argument 'g'"):
         tdfunc.compile(lambda p, g: p + g, donate=0, backend="eager")(params, g=params["w"])
     _unchanged(before, params)
-    assert not is_consumed(state) and not is_consumed(aliased)
+    assert not is_consumed(state)
+    assert not is_consumed(aliased)
 
 
 def test_overlapping_views_of_one_buffer_are_refused_disjoint_ones_accepted() -> None:
@@ -204,7 +223,8 @@ def test_overlapping_views_of_one_buffer_are_refused_disjoint_ones_accepted() ->
     with pytest.raises(ValueError, match="share memory"):
         fn(tdfunc.TensorDict(a=flat[:4], b=flat[2:]))
     out = fn(tdfunc.TensorDict(a=flat[:3], b=flat[3:]))
-    assert flat.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0] and out["a"].data_ptr() == flat.data_ptr()
+    assert flat.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert out["a"].data_ptr() == flat.data_ptr()
 
 
 @pytest.mark.parametrize(
@@ -237,4 +257,7 @@ def test_bad_donate_values_and_grad_leaves() -> None:
 def test_store_outputs_keeps_unmatched_outputs() -> None:
     a = torch.zeros(2)
     out = store_outputs({"x": torch.ones(3), "y": 5, "z": torch.ones(2)}, [a])
-    assert out["x"].shape == (3,) and out["y"] == 5 and out["z"] is a and a.tolist() == [1, 1]
+    assert out["x"].shape == (3,)
+    assert out["y"] == 5
+    assert out["z"] is a
+    assert a.tolist() == [1, 1]

@@ -28,7 +28,6 @@ from __future__ import annotations
 from ._core import GradientTransformation, Hyper, Schedule, apply_updates, set_hyperparams
 from ._errors import OptimStateError
 from ._optimizers import adagrad, adam, adamw, lion, rmsprop, sgd
-from ._step import step
 from ._schedules import (
     constant,
     cosine_decay,
@@ -38,6 +37,7 @@ from ._schedules import (
     step_decay,
     warmup_cosine_decay,
 )
+from ._step import step
 from ._transforms import (
     Mask,
     add_decayed_weights,

@@ -30,6 +30,7 @@ from ._core import GradientTransformation, apply_updates, check_container
 Fused = Callable[[Any, Any, Any, bool], "tuple[Any, Any] | None"]
 
 _WHAT = "optim.step"
+_NAMES = ("grads", "state", "params")
 
 
 def fused_of(opt: GradientTransformation) -> Fused | None:
@@ -87,8 +88,11 @@ def step(
     check_container(params, _WHAT)
     donors: list[Tensor] = []
     if donate:
-        checked = _donate.check_donated((grads, state, params), {}, (1, 2), _WHAT, grad_ok=True)
-        donors = [t for _, _, t in checked]
+        checked = _donate.check_donated(
+            (grads, state, params), {}, (1, 2), _WHAT, grad_ok=True, names=_NAMES
+        )
+        # in the order of the outputs (params, then state): each output takes its own buffer
+        donors = [t for i, _, t in checked if i == 2] + [t for i, _, t in checked if i == 1]
     with torch.no_grad():
         fused = fused_of(opt)
         out = fused(grads, state, params, donate) if fused is not None else None

@@ -14,7 +14,6 @@ from .._compat import foreach_norm
 from .._tree import KeyPath, leaves, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
 from . import _errors as E
-from ._step import fused_of
 from ._core import (
     GradientTransformation,
     Hyper,
@@ -33,6 +32,7 @@ from ._core import (
     open_state,
     selector,
 )
+from ._step import fused_of
 
 
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
