@@ -76,7 +76,7 @@ def step(
         >>> state = opt.init(params)
         >>> new_params, new_state = optim.step(opt, params, state, params)
         >>> [round(x, 4) for x in new_params["w"].tolist()], params["w"].tolist()
-        ([0.89, 0.89], [1.0, 1.0])
+        ([0.899, 0.899], [1.0, 1.0])
         >>> grads, w = new_params.clone(), new_params["w"]
         >>> p2, s2 = optim.step(opt, grads, new_state, new_params, donate=True)
         >>> p2["w"] is w   # written in place: new_params and new_state are consumed
