@@ -17,6 +17,8 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | foreach_add, foreach_add_,     | torch._foreach_add, _foreach_add_, _sub, _mul, _mul_,  | ok   | ok   | ok   | none yet           |
 | ... (16 foreach_* names)       | _div, _div_, _neg, _sign, _sqrt, _lerp, _addcmul,      |      |      |      |                    |
 |                                | _addcmul_, _addcdiv_, _maximum, _norm                  |      |      |      |                    |
+| fused_adam_, fused_adamw_,     | torch._fused_adam_, _fused_adamw_, _fused_sgd_,        | ok   | ok   | ok   | none yet           |
+| fused_sgd_, fused_adagrad_     | _fused_adagrad_ (torch.optim's fused=True kernels)     |      |      |      |                    |
 | check                          | torch._check                                           | ok   | ok   | ok   | none yet           |
 | assert_async                   | torch._assert_async                                    | ok   | ok   | ok   | none yet           |
 | is_batchedtensor               | torch._C._functorch.is_batchedtensor                   | ok   | ok   | ok   | none yet           |
@@ -25,7 +27,7 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | maybe_get_bdim                 | torch._C._functorch.maybe_get_bdim                     | ok   | ok   | ok   | none yet           |
 | maybe_get_level                | torch._C._functorch.maybe_get_level                    | ok   | ok   | ok   | none yet           |
 | add_batch_dim                  | torch._C._functorch._add_batch_dim                     | ok   | ok   | ok   | none yet           |
-| lazy_clone                     | torch.ops.aten._lazy_clone.default                     | ok   | ok   | ok   | none yet           |
+| lazy_clone                     | torch._lazy_clone (aten._lazy_clone)                   | ok   | ok   | ok   | none yet           |
 | is_cow                         | torch._C._is_cow_tensor, torch._C._dispatch_keys       | ok   | (1)  | (1)  | none yet           |
 | is_alias_of                    | torch._C._is_alias_of                                  | ok   | ok   | ok   | none yet           |
 | is_functional_tensor           | torch._is_functional_tensor                            | ok   | ok   | ok   | none yet           |
@@ -193,6 +195,15 @@ foreach_norm = _function(lambda: torch._foreach_norm, _FOREACH)
 # tracing: checks a compiled program runs
 # --------------------------------------------------------------------------------------
 #: ``torch._check``: assert a (symbolic) condition, checked when the compiled program runs
+# --------------------------------------------------------------------------------------
+# fused optimizer kernels (torch.optim's fused=True): in place, eager only
+# --------------------------------------------------------------------------------------
+_FUSED = "fused optimizer kernels (torch._fused_adam_ ...)"
+fused_adam_ = _function(lambda: torch._fused_adam_, _FUSED)
+fused_adamw_ = _function(lambda: torch._fused_adamw_, _FUSED)
+fused_sgd_ = _function(lambda: torch._fused_sgd_, _FUSED)
+fused_adagrad_ = _function(lambda: torch._fused_adagrad_, _FUSED)
+
 check = _function(lambda: torch._check, "runtime shape checks (torch._check)")
 #: ``torch._assert_async``: fail the (compiled) program at run time when a tensor is False
 assert_async = _function(lambda: torch._assert_async, "run-time assertions (torch._assert_async)")
@@ -222,9 +233,7 @@ add_batch_dim = _function(lambda: torch._C._functorch._add_batch_dim, _FUNCTORCH
 # memory: copy-on-write clones, aliasing, functional tensors
 # --------------------------------------------------------------------------------------
 #: ``aten._lazy_clone``: a copy-on-write clone (nothing copied until one side is written)
-lazy_clone = _function(
-    lambda: torch.ops.aten._lazy_clone.default, "copy-on-write clones (aten._lazy_clone)"
-)
+lazy_clone = _function(lambda: torch._lazy_clone, "copy-on-write clones (aten._lazy_clone)")
 #: whether two tensors share memory (``torch._C._is_alias_of``)
 is_alias_of: Callable[[Tensor, Tensor], bool] = _function(
     lambda: torch._C._is_alias_of,  # type: ignore[attr-defined]
@@ -249,9 +258,9 @@ def is_cow(t: Tensor) -> bool:
     ``False`` for tensors with Python dispatch (``FakeTensor``, ``MemoryMappedTensor``...):
     they have no copy-on-write memory of their own, and torch >= 2.14 raises for them (non-strict
     ``torch.export`` runs eager readers on fake tensors). Torch's own guard code draws the same
-    line (``DispatchKey.Python``).
+    line (``DispatchKey.Python``); a plain ``torch.Tensor`` (not a subclass) never has it.
     """
-    if _dispatch_keys(t).has(_PYTHON_KEY):
+    if type(t) is not Tensor and _dispatch_keys(t).has(_PYTHON_KEY):
         return False
     return _is_cow_tensor(t)
 
@@ -434,6 +443,10 @@ __all__ = [
     "foreach_sign",
     "foreach_sqrt",
     "foreach_sub",
+    "fused_adagrad_",
+    "fused_adam_",
+    "fused_adamw_",
+    "fused_sgd_",
     "get_unwrapped",
     "is_alias_of",
     "is_batchedtensor",

@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils import _pytree as pytree
 
 from . import _errors as E
-from ._tree import KeyPath, Node, is_node, leaves_with_paths
+from ._compat import pytree
+from ._tree import KeyPath, Node, is_node, leaves, leaves_with_paths
 
 
 class DonatedError(RuntimeError):
@@ -142,63 +142,70 @@ def check_donated(
     what: str,
     grad_ok: bool = False,
     names: Sequence[str] = (),
-) -> list[tuple[int, KeyPath, Tensor]]:
-    """The donated leaves ``(argument, key path, tensor)``, after the rules: donated
-    arguments are containers not consumed yet; no memory-mapped leaf, no leaf that requires
-    grad, no two donated leaves that overlap in memory, no donated leaf whose memory is also
-    passed un-donated. Raises a typed error naming the argument and the key otherwise.
-    ``grad_ok`` admits leaves that require grad (for writers that run under ``no_grad``);
-    ``names`` names the positional arguments in messages (default: "argument i")."""
-
-    def _fmt(arg: int | str, path: KeyPath) -> str:
-        at = names[arg] if isinstance(arg, int) and arg < len(names) else f"argument {arg!r}"
-        return f"{at}, key {'.'.join(path)!r}" if path else at
-
+) -> list[tuple[int, Tensor]]:
+    """The donated leaves ``(argument, tensor)``, after the rules: donated arguments are
+    containers not consumed yet; no memory-mapped leaf, no leaf that requires grad, no two
+    donated leaves that overlap in memory, no donated leaf whose memory is also passed
+    un-donated. Raises a typed error naming the argument and the key otherwise. ``grad_ok``
+    admits leaves that require grad (for writers that run under ``no_grad``); ``names`` names
+    the positional arguments in messages (default: "argument i")."""
     from .memmap._tensor import MemoryMappedTensor
+
+    def at(arg: int | str, t: Tensor) -> str:
+        # key paths are looked up only to name a leaf in an error
+        x = args[arg] if isinstance(arg, int) else kwargs[arg]
+        path = next((p for p, v in _paths(x) if v is t), ())
+        where = names[arg] if isinstance(arg, int) and arg < len(names) else f"argument {arg!r}"
+        return f"{where}, key {'.'.join(path)!r}" if path else where
 
     for a in args:
         check_not_consumed(a)
     for a in kwargs.values():
         check_not_consumed(a)
-    out: list[tuple[int, KeyPath, Tensor]] = []
+    out: list[tuple[int, Tensor]] = []
     for i in donate:
         if i >= len(args):
             raise TypeError(E.DONATE_MISSING.format(what=what, arg=i, n=len(args)))
         x = args[i]
         if not is_node(x):
             raise TypeError(E.DONATE_NOT_CONTAINER.format(what=what, arg=i, typ=type(x).__name__))
-        for path, t in leaves_with_paths(x):
-            if isinstance(t, MemoryMappedTensor):
+        for t in leaves(x):
+            if type(t) is not Tensor and isinstance(t, MemoryMappedTensor):
                 err = PermissionError if t.mode == "r" else ValueError
-                raise err(E.DONATE_MEMMAP.format(what=what, at=_fmt(i, path), mode=t.mode))
+                raise err(E.DONATE_MEMMAP.format(what=what, at=at(i, t), mode=t.mode))
             if t.requires_grad and not grad_ok:
-                raise ValueError(E.DONATE_REQUIRES_GRAD.format(what=what, at=_fmt(i, path)))
-            out.append((i, path, t))
+                raise ValueError(E.DONATE_REQUIRES_GRAD.format(what=what, at=at(i, t)))
+            out.append((i, t))
     # overlaps: extents are compared only between leaves that share a storage (rare)
-    by_storage: dict[int, list[tuple[int, KeyPath, Tensor]]] = {}
-    for i, path, t in out:
+    by_storage: dict[int, list[tuple[int, Tensor]]] = {}
+    for i, t in out:
         group = by_storage.setdefault(t.untyped_storage().data_ptr(), [])
-        for k, other_path, other in group:
+        for k, other in group:
             if _overlap(t, other):
-                raise ValueError(
-                    E.DONATE_ALIAS.format(what=what, a=_fmt(k, other_path), b=_fmt(i, path))
-                )
-        group.append((i, path, t))
+                raise ValueError(E.DONATE_ALIAS.format(what=what, a=at(k, other), b=at(i, t)))
+        group.append((i, t))
     donated = set(donate)
     others: list[tuple[int | str, Any]] = [(j, a) for j, a in enumerate(args) if j not in donated]
     for name, a in [*others, *kwargs.items()]:
-        for path, t in _tensor_leaves(a):
-            for k, other_path, other in by_storage.get(t.untyped_storage().data_ptr(), ()):
+        for t in _tensor_leaves(a):
+            for k, other in by_storage.get(t.untyped_storage().data_ptr(), ()):
                 if _overlap(t, other):
                     raise ValueError(
-                        E.DONATE_ALSO_PASSED.format(
-                            what=what, a=_fmt(k, other_path), b=_fmt(name, path)
-                        )
+                        E.DONATE_ALSO_PASSED.format(what=what, a=at(k, other), b=at(name, t))
                     )
     return out
 
 
-def _tensor_leaves(x: Any) -> list[tuple[KeyPath, Tensor]]:
+def _tensor_leaves(x: Any) -> list[Tensor]:
+    if isinstance(x, Tensor):
+        return [x]
+    if is_node(x):
+        return leaves(x)
+    return [v for v in pytree.tree_leaves(x) if isinstance(v, Tensor)]
+
+
+def _paths(x: Any) -> list[tuple[KeyPath, Tensor]]:
+    """``(key path, tensor)`` of every tensor in ``x`` (to name a leaf in an error)."""
     if isinstance(x, Tensor):
         return [((), x)]
     if is_node(x):
@@ -255,7 +262,7 @@ def store_outputs(out: Any, donors: list[Tensor]) -> Any:
 
 def _run_and_store(fn: Callable[..., Any], donate: tuple[int, ...], *args: Any, **kw: Any) -> Any:
     out = fn(*args, **kw)
-    donors = [t for i in donate for _, t in leaves_with_paths(args[i])]
+    donors = [t for i in donate for t in leaves(args[i])]
     return store_outputs(out, donors)
 
 

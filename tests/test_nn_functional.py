@@ -4,7 +4,11 @@ compiled models whose forward takes and returns a TensorDict or tensorclass."""
 from __future__ import annotations
 
 import copy
+import gc
 import re
+import subprocess
+import sys
+import weakref
 
 import pytest
 import torch
@@ -15,6 +19,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 import tdfunc
 from tdfunc import TensorDict, from_module, functional_call, stack_modules, tensorclass
 from tdfunc.nn import _functional as F
+from tdfunc.nn import _plan
 from tdfunc.testing import assert_close
 
 
@@ -510,3 +515,360 @@ def test_unshared_module_matches_torch_func():
     x = torch.randn(5, 3)
     flat = dict(state.flatten_keys(".").items())
     assert_close(functional_call(m, state, (x,)), torch.func.functional_call(m, flat, (x,)))
+
+
+# --------------------------------------------------------------------------------------
+# Dynamo is loaded by whoever compiles, never by an eager call
+# --------------------------------------------------------------------------------------
+def _run(code: str) -> str:
+    """Run ``code`` in a fresh interpreter; its stdout (fails on a non-zero exit)."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
+
+
+_IMPORTERS = """
+import sys, traceback
+import torch
+from torch import nn
+import tdfunc
+
+importers = []
+
+
+class Watch:  # who imports torch._dynamo: the files on the stack at that moment
+    def find_spec(self, name, path, target=None):
+        if name == "torch._dynamo":
+            importers.append([f.filename for f in traceback.extract_stack()])
+        return None
+
+
+sys.meta_path.insert(0, Watch())
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+state = tdfunc.from_module(net)
+x = torch.randn(5, 3)
+"""
+
+
+def test_eager_calls_do_not_import_dynamo():
+    code = (
+        _IMPORTERS
+        + """
+tdfunc.functional_call(net.eval(), state, (x,))
+_, new = tdfunc.functional_call(net.train(), state, (x,), return_state=True)
+assert new["1", "num_batches_tracked"].item() == 1
+# a dict of stacked tensors (the vmap rule of TensorDict inputs is not functional_call's)
+stacked = {k: torch.stack([v, v]) for k, v in net.state_dict().items()}
+torch.vmap(lambda p: tdfunc.functional_call(net.eval(), p, (x,)), in_dims=(0,))(stacked)
+print("torch._dynamo" in sys.modules, importers == [])
+"""
+    )
+    assert _run(code).split() == ["False", "True"]
+
+
+def test_under_grad_dynamo_is_loaded_by_torch_not_by_tdfunc():
+    """``torch.func.grad`` loads Dynamo itself (its backward pass disables compiled autograd):
+    nothing of tdfunc is on the stack when it does."""
+    code = (
+        _IMPORTERS
+        + """
+params = tdfunc.from_module(net, buffers=False)
+grad = torch.func.grad(lambda p: tdfunc.functional_call(net.eval(), p, (x,)).sum())(params)
+assert grad["0", "weight"].shape == (4, 3)
+tdfunc.functional_call(net, state, (x,))  # after Dynamo is loaded: twins registered
+files = [f for stack in importers for f in stack]
+print("torch._dynamo" in sys.modules, len(importers), any("tdfunc" in f for f in files))
+"""
+    )
+    assert _run(code).split() == ["True", "1", "False"]
+
+
+def test_compiled_after_eager_calls_in_a_fresh_process():
+    """Eager calls first (plans made, Dynamo not loaded), then compiled calls: one frame, no
+    recompile for new values, torch.func's values; writes and created state are still seen."""
+    code = """
+import sys
+import torch
+from torch import nn
+import tdfunc
+
+
+class Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        self.count += 1
+        return self.lin(x)
+
+
+class Grows(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.register_buffer("cache", None)
+
+    def forward(self, x):
+        self.cache = x.sum(0)
+        return self.lin(x)
+
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+counter, grows = Counter(), Grows()
+x = torch.randn(5, 3)
+state = tdfunc.from_module(net).detach()
+c_state = tdfunc.from_module(counter).detach()
+g_state = tdfunc.from_module(grows).detach()
+tdfunc.functional_call(net, state, (x,))
+_, new = tdfunc.functional_call(counter, c_state, (x,), return_state=True)
+assert new["count"].item() == 1
+_, new = tdfunc.functional_call(grows, g_state, (x,), return_state=True)
+assert "cache" in new.keys()
+assert "torch._dynamo" not in sys.modules
+
+from torch._dynamo.testing import CompileCounterWithBackend
+
+
+def compiled(fn):
+    cnt = CompileCounterWithBackend("eager")
+    return torch.compile(fn, backend=cnt, fullgraph=True), cnt
+
+
+fc, cnt = compiled(lambda s, x: tdfunc.functional_call(net, s, (x,)))
+for i in range(2):
+    s = state.apply(lambda t: t + i)
+    expected = torch.func.functional_call(net, s.flatten_keys(".").to_dict(), (x,))
+    torch.testing.assert_close(fc(s, x), expected)
+assert cnt.frame_count == 1, cnt.frame_count
+
+fc, cnt = compiled(lambda s, x: tdfunc.functional_call(counter, s, (x,), return_state=True))
+s = c_state
+for i in range(2):
+    _, s = fc(s, torch.randn(5, 3))
+    assert s["count"].item() == i + 1
+assert cnt.frame_count == 1, cnt.frame_count
+assert counter.count.item() == 0 and c_state["count"].item() == 0
+
+fc, _ = compiled(lambda s, x: tdfunc.functional_call(counter, s, (x,)))
+try:
+    fc(c_state, x)
+except Exception as e:
+    assert "writes the buffer 'count'" in str(e), e
+else:
+    raise AssertionError("a compiled write without return_state=True went unseen")
+
+fc, cnt = compiled(lambda s, x: tdfunc.functional_call(grows, s, (x,), return_state=True))
+_, new = fc(g_state, x)
+torch.testing.assert_close(new["cache"], x.sum(0))
+assert grows.cache is None and cnt.frame_count == 1
+tdfunc.functional_call(net, state, (x,))  # eager again, after compiling
+print("ok")
+"""
+    assert _run(code).split() == ["ok"]
+
+
+# --------------------------------------------------------------------------------------
+# the slot plan kept between calls: every change to the module is seen by the next call
+# --------------------------------------------------------------------------------------
+def _objs(m: nn.Module) -> dict[str, torch.Tensor]:
+    return dict(m.state_dict(keep_vars=True))
+
+
+def _reference(m: nn.Module, state: TensorDict, x: torch.Tensor) -> torch.Tensor:
+    return torch.func.functional_call(m, dict(state.flatten_keys(".").items()), (x,))
+
+
+def _planned(m: nn.Module, state: object) -> bool:
+    """Whether the next call with ``state`` finds a valid plan (the fast path)."""
+    live, _ = _plan.lookup(m, state, False, True)
+    return live is not None
+
+
+def test_plan_is_used_and_matches_the_full_path():
+    torch.manual_seed(0)
+    m = mlp()
+    state = from_module(m) * 2
+    x = torch.randn(5, 3)
+    assert not _planned(m, state)
+    first = functional_call(m, state, (x,))
+    assert _planned(m, state)
+    assert_close(functional_call(m, state * 3, (x,)), _reference(m, state * 3, x))
+    assert_close(first, _reference(m, state, x))
+
+
+def test_plan_sees_a_new_parameter():
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.lin(x)
+            return y * self.gain if "gain" in self._parameters else y
+
+    torch.manual_seed(0)
+    m = Scaled()
+    state = from_module(m) * 2
+    x = torch.randn(5, 3)
+    functional_call(m, state, (x,))
+    m.register_parameter("gain", nn.Parameter(torch.full((2,), 3.0)))
+    before, objs = state_snapshot(m), _objs(m)
+    # not a parameter created by the call: no PermissionError
+    assert_close(functional_call(m, state, (x,)), _reference(m, state, x))
+    with pytest.raises(KeyError, match="gain"):
+        functional_call(m, state, (x,), strict=True)
+    assert_module_unchanged(m, before, objs)
+
+
+def test_plan_sees_a_replaced_submodule():
+    torch.manual_seed(0)
+    m = mlp()
+    state = from_module(m) * 2
+    x = torch.randn(5, 3)
+    functional_call(m, state, (x,))
+    old = m[0]  # alive: the plan must see the replacement, not a dead reference
+    m[0] = nn.Linear(3, 8)  # a new object, the same names and shapes
+    before, objs = state_snapshot(m), _objs(m)
+    assert_close(functional_call(m, state, (x,)), _reference(m, state, x))
+    assert_module_unchanged(m, before, objs)
+    m[2] = nn.Linear(8, 4)  # another shape: the given one no longer fits
+    with pytest.raises(ValueError, match="shape"):
+        functional_call(m, state, (x,))
+    assert old.weight.shape == (8, 3)
+
+
+def test_plan_sees_a_deleted_buffer():
+    class Shifted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+            self.register_buffer("shift", torch.ones(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            shift = self._buffers.get("shift")
+            return self.lin(x) + (0 if shift is None else shift)
+
+    torch.manual_seed(0)
+    m = Shifted()
+    state = from_module(m) * 2
+    x = torch.randn(5, 3)
+    functional_call(m, state, (x,))
+    del m.shift
+    before, objs = state_snapshot(m), _objs(m)
+    # the given shift is an unknown key now (ignored), so the output has no shift
+    expected = torch.func.functional_call(m.lin, dict(state["lin"].items()), (x,))
+    assert_close(functional_call(m, state, (x,)), expected)
+    assert_module_unchanged(m, before, objs)
+
+
+def test_plan_sees_weights_tied_and_untied():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    x = torch.randn(5, 4)
+    untied = {k: v * 2 for k, v in m.state_dict().items()}  # two different weights
+    functional_call(m, untied, (x,))
+    m[1].weight = m[0].weight  # tied now: one tensor under two names
+    before, objs = state_snapshot(m), _objs(m)
+    with pytest.raises(ValueError, match="tied weights"):
+        functional_call(m, untied, (x,))
+    same = {**untied, "1.weight": untied["0.weight"]}
+    assert_close(functional_call(m, same, (x,)), torch.func.functional_call(m, same, (x,)))
+    # one leaf for the tie (from_module): it fills both slots
+    state = from_module(m) * 3
+    assert sorted(state.flatten_keys(".").keys()) == ["0.bias", "0.weight", "1.bias"]
+    expected = torch.func.functional_call(
+        m, {**state.flatten_keys(".").to_dict(), "1.weight": state["0", "weight"]}, (x,)
+    )
+    assert_close(functional_call(m, state, (x,)), expected)
+    assert_module_unchanged(m, before, objs)
+    # untied again: the tied leaf fills its own slot only, the other one is the module's
+    m[1].weight = nn.Parameter(torch.randn(4, 4))
+    before, objs = state_snapshot(m), _objs(m)
+    assert_close(functional_call(m, state, (x,)), _reference(m, state, x))
+    assert_module_unchanged(m, before, objs)
+
+
+def test_plan_sees_a_parameter_replaced_in_place():
+    torch.manual_seed(0)
+    m = mlp()
+    state = from_module(m) * 2
+    x = torch.randn(5, 3)
+    functional_call(m, state, (x,))
+    m[0].weight = nn.Parameter(torch.randn(8, 3))  # another Parameter object, same shape
+    before, objs = state_snapshot(m), _objs(m)
+    assert_close(functional_call(m, state, (x,)), _reference(m, state, x))
+    assert_module_unchanged(m, before, objs)
+    m[0].weight = nn.Parameter(torch.randn(6, 3))  # another shape
+    with pytest.raises(ValueError, match="shape"):
+        functional_call(m, state, (x,))
+    # a parameter turned into a plain attribute: the given tensor is an unknown key
+    m[0].weight = nn.Parameter(torch.randn(8, 3))
+    functional_call(m, state, (x,))
+    del m[0].bias
+    m[0].bias = torch.zeros(8)
+    before, objs = state_snapshot(m), _objs(m)
+    expected = torch.func.functional_call(
+        m, {k: v for k, v in state.flatten_keys(".").items() if k != "0.bias"}, (x,)
+    )
+    assert_close(functional_call(m, state, (x,)), expected)
+    assert_module_unchanged(m, before, objs)
+    assert torch.equal(m[0].bias, torch.zeros(8))
+
+
+def test_plan_per_state_structure():
+    """Calls alternating between states of different structures for one module."""
+    torch.manual_seed(0)
+    m = WithBuffers().eval()
+    x = torch.randn(5, 3)
+    full = from_module(m) * 2
+    flat = dict(full.flatten_keys(".").items())
+    params = from_module(m, buffers=False) * 2
+    buffers = {k: v for k, v in flat.items() if k not in dict(params.flatten_keys(".").items())}
+    nested = {"body": {"0": {"weight": flat["body.0.weight"]}}}
+    expected_full = torch.func.functional_call(m, flat, (x,))
+    expected_part = torch.func.functional_call(m, {"body.0.weight": flat["body.0.weight"]}, (x,))
+    before, objs = state_snapshot(m), _objs(m)
+    for _ in range(2):
+        for state, expected in (
+            (full, expected_full),
+            (flat, expected_full),
+            ((params, buffers), expected_full),
+            (nested, expected_part),
+            ({"body.0.weight": flat["body.0.weight"]}, expected_part),
+        ):
+            assert_close(functional_call(m, state, (x,)), expected)
+            assert _planned(m, state)
+    assert_module_unchanged(m, before, objs)
+
+
+def test_plan_does_not_keep_the_module_alive():
+    m = WithBuffers()
+    functional_call(m.eval(), from_module(m), (torch.randn(5, 3),))
+    assert m in _plan._PLANS
+    ref = weakref.ref(m)
+    del m
+    gc.collect()
+    assert ref() is None
+
+
+def test_compiled_call_after_eager_calls_takes_no_plan():
+    """Eager calls keep a plan; a compiled call of the same module is one frame, and new values
+    do not recompile (Dynamo sees no plan: its lookup is replaced by a twin that finds none)."""
+    torch.manual_seed(0)
+    m = mlp()
+    x = torch.randn(5, 3)
+    functional_call(m, from_module(m) * 2, (x,))
+    assert _planned(m, from_module(m))
+    counter = CompileCounterWithBackend("eager")
+    fn = torch.compile(lambda s, xb: functional_call(m, s, (xb,)), backend=counter, fullgraph=True)
+    for scale in (2.0, 3.0, 4.0):
+        state = from_module(m).detach() * scale
+        assert_close(fn(state, x), _reference(m, state, x))
+    assert counter.frame_count == 1
+    assert_close(functional_call(m, from_module(m) * 5, (x,)), _reference(m, from_module(m) * 5, x))

@@ -4,7 +4,8 @@ A module's parameters and buffers become an immutable :class:`~tdfunc.TensorDict
 submodule name. :func:`functional_call` runs the module with another TensorDict in their place
 (on top of :func:`torch.func.functional_call`, so the module is never rewritten for good), and
 :func:`stack_modules` stacks N modules of the same structure into one TensorDict with batch size
-``[N]`` for ``torch.vmap`` ensembles. Nothing here patches torch or keeps state between calls.
+``[N]`` for ``torch.vmap`` ensembles. Nothing here patches torch; the one thing kept between
+calls is :func:`functional_call`'s slot plan, validated on every use (``_plan``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._compat import assert_async, is_alias_of
+from .._compat import assert_async
 from .._tree import is_node, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
+from . import _twins  # noqa: F401  (registers what Dynamo traces instead of the eager readers)
 from ._errors import (
     BAD_PARAMS,
     DUPLICATE_KEY,
@@ -32,7 +34,8 @@ from ._errors import (
     TIED_TWICE,
     UNKNOWN_KEYS,
 )
-from ._state import call_with_state
+from ._plan import lookup, remember
+from ._state import Prepared, call_with_state, same_tensor
 
 
 # --------------------------------------------------------------------------------------
@@ -192,25 +195,13 @@ class _Matched:
             # slot; the same tensor again is fine, another one would be silently ignored
             first = self.tied.get(id(ref))
             if first is not None:
-                if not _same_tensor(v, self.out[first]):
+                if not same_tensor(v, self.out[first]):
                     raise ValueError(TIED_TWICE.format(key=name, first=first))
                 self.alias[name] = first
                 return
             self.tied[id(ref)] = name
         self.out[name] = v
         self.slots[name] = (owner, attr)
-
-
-def _same_tensor(a: Tensor, b: Tensor) -> bool:
-    """``a`` and ``b`` are one tensor: the same object, or aliases with the same geometry (as
-    ``state_dict()`` gives for tied weights: one detached alias per name)."""
-    return a is b or (
-        is_alias_of(a, b)
-        and a.shape == b.shape
-        and a.stride() == b.stride()
-        and a.storage_offset() == b.storage_offset()
-        and a.dtype == b.dtype
-    )
 
 
 def _match_node(node: Any, module: nn.Module | None, prefix: str, m: _Matched) -> None:
@@ -332,6 +323,25 @@ def _assert_unwritten(module: nn.Module, key: str, copy: Tensor, original: Tenso
     assert_async(same.all(), f"PermissionError: {_written_message(module, key)}")
 
 
+def _full_match(module: nn.Module, state: Any, strict: bool, tie_weights: bool) -> _Matched:
+    """Walk ``state`` against ``module``: names, slots, shapes, ties; ``strict``'s checks."""
+    matched = _Matched(tie_weights)
+    _match(state, module, matched)
+    if strict:
+        flat, unknown = matched.out, matched.unknown
+        name = type(module).__name__
+        own: dict[str, Tensor] = {}
+        persistent: set[str] = set()
+        _own_tensors(module, "", own, persistent)
+        if unknown:
+            raise KeyError(UNKNOWN_KEYS.format(keys=unknown, module=name, known=list(own)))
+        tied_given = {n for n in own if id(own[n]) in (matched.tied or {})}
+        missing = [k for k in own if k in persistent and k not in flat and k not in tied_given]
+        if missing:
+            raise KeyError(MISSING_KEYS.format(keys=missing, module=name))
+    return matched
+
+
 def functional_call(
     module: nn.Module,
     state: Any,
@@ -432,28 +442,21 @@ def functional_call(
         >>> zero.abs().sum().item()
         0.0
     """
-    matched = _Matched(tie_weights)
-    _match(state, module, matched)
-    flat, unknown = matched.out, matched.unknown
-    if strict:
-        name = type(module).__name__
-        own: dict[str, Tensor] = {}
-        persistent: set[str] = set()
-        _own_tensors(module, "", own, persistent)
-        if unknown:
-            raise KeyError(UNKNOWN_KEYS.format(keys=unknown, module=name, known=list(own)))
-        tied_given = {n for n in own if id(own[n]) in (matched.tied or {})}
-        missing = [k for k in own if k in persistent and k not in flat and k not in tied_given]
-        if missing:
-            raise KeyError(MISSING_KEYS.format(keys=missing, module=name))
-    out, written, created, maybe = call_with_state(
-        module, flat, matched.slots, args, kwargs, tie_weights
-    )
+    live, key = lookup(module, state, strict, tie_weights)
+    if live is not None:
+        prepared, tensors, flat, alias = live.prepared, live.tensors, live.flat, live.alias
+    else:
+        matched = _full_match(module, state, strict, tie_weights)
+        flat, alias = matched.out, matched.alias
+        prepared = Prepared.build(module, list(flat), matched.slots, tie_weights)
+        tensors = list(flat.values())
+        remember(module, key, state, prepared, alias)
+    out, written, created, maybe = call_with_state(module, prepared, tensors, args, kwargs)
     if not return_state:
         if written:
             _raise_written(module, next(iter(written)))
-        for key, copy in maybe.items():
-            _assert_unwritten(module, key, copy, flat[key])
+        for name, copy in maybe.items():
+            _assert_unwritten(module, name, copy, flat[name])
         if created:
             raise PermissionError(
                 STATE_CREATED.format(key=next(iter(created)), cls=type(module).__name__)
@@ -461,9 +464,9 @@ def functional_call(
         return out
     if maybe:  # their values are right whether or not the module wrote them
         written = {**maybe, **written}
-    new = state if not written else _new_state(state, "", written, matched.alias)
-    for key, value in created.items():
-        new = _with_created(new, key, value)
+    new = state if not written else _new_state(state, "", written, alias)
+    for name, value in created.items():
+        new = _with_created(new, name, value)
     return out, new
 
 

@@ -23,8 +23,7 @@ tensors, and its output is whatever it returns.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -34,6 +33,7 @@ from .._compat import (
     NormBase,
     add_batch_dim,
     get_unwrapped,
+    is_alias_of,
     is_batchedtensor,
     lazy_clone,
     maybe_get_bdim,
@@ -41,18 +41,12 @@ from .._compat import (
 )
 from .._compat import is_functorch_wrapped_tensor as _is_wrapped
 from ..memmap._tensor import MemoryMappedTensor
+from ._versions import unverified, unwrapped, write_marks
 
 _NORM_STATISTICS = ("running_mean", "running_var")
 _FusedFakeQuantize = torch.ao.quantization.FusedMovingAvgObsFakeQuantize
 _FUSED_FQ_STATE = ("scale", "zero_point")
 _OBSERVED_RANGE = ("min_val", "max_val")
-
-
-def unwrapped(t: Tensor) -> Tensor:
-    """The tensor under ``t``'s functorch wrappers (``t`` itself outside any transform)."""
-    while _is_wrapped(t):
-        t = get_unwrapped(t)
-    return t
 
 
 def _cow_or_copy(t: Tensor, buffer: bool) -> Tensor:
@@ -111,11 +105,11 @@ Slot = tuple[nn.Module, str]
 class _Snapshot:
     """Every distinct submodule of a module, with what is needed to see state created in it."""
 
-    __slots__ = ("by_id", "fused_observers", "modules", "prefixes", "writers")
+    __slots__ = ("by_id", "fused", "fused_observers", "modules", "norms", "prefixes")
 
-    def __init__(self, module: nn.Module, tie_weights: bool) -> None:
+    def __init__(self) -> None:
         #: (first dotted prefix, module, number of parameter slots, of buffer slots, names of
-        #: the slots holding None) per distinct submodule
+        #: the slots holding None) per distinct submodule, in walk order (the root first)
         self.modules: list[tuple[str, nn.Module, int, int, tuple[str, ...]]] = []
         #: id of each submodule -> its first dotted prefix
         self.prefixes: dict[int, str] = {}
@@ -123,8 +117,15 @@ class _Snapshot:
         self.by_id: dict[int, list[Slot]] = {}
         #: ids of the observers of fused fake-quantize modules (see :func:`_undeclared_write`)
         self.fused_observers: set[int] = set()
-        #: a module whose kernels write without recording it takes part
-        self.writers = False
+        #: the batch/instance norm modules (they write without recording it in training mode)
+        self.norms: list[nn.Module] = []
+        #: a fused fake-quantize module takes part (it always writes without recording it)
+        self.fused = False
+
+    @classmethod
+    def walk(cls, module: nn.Module, tie_weights: bool) -> _Snapshot:
+        """Walk ``module``: every distinct submodule once, under its first name."""
+        self = cls()
         prefixes, modules = self.prefixes, self.modules
         ids: set[int] = set()
         count = 0
@@ -144,8 +145,11 @@ class _Snapshot:
                         ids.add(id(t))
                         count += 1
             modules.append((prefix, m, len(params), len(buffers), nones))
-            if isinstance(m, (NormBase, _FusedFakeQuantize)):
-                self._note_writer(m)
+            if isinstance(m, NormBase):
+                self.norms.append(m)
+            elif isinstance(m, _FusedFakeQuantize):
+                self.fused = True
+                self.fused_observers.add(id(m.activation_post_process))
             subs = m._modules
             if subs:
                 # reversed: popped in definition order (the first name of a shared submodule)
@@ -158,19 +162,18 @@ class _Snapshot:
                     for name, t in d.items():
                         if t is not None:
                             self.by_id.setdefault(id(t), []).append((m, name))
+        return self
 
-    def _note_writer(self, m: nn.Module) -> None:
-        if isinstance(m, NormBase):
-            self.writers = self.writers or bool(m.training and m.track_running_stats)
-        else:
-            self.writers = True
-            self.fused_observers.add(id(m.activation_post_process))
+    def writers(self) -> bool:
+        """A module whose kernels write without recording it takes part (read now: norms
+        write their statistics in training mode only)."""
+        return self.fused or any(m.training and m.track_running_stats for m in self.norms)
 
     def name_of(self, slot: Slot) -> str:
         """A dotted name of ``slot`` (through the first name of its module)."""
         return self.prefixes[id(slot[0])] + slot[1]
 
-    def _added(self) -> list[tuple[str, nn.Module, dict[str, Any], str]]:
+    def added(self) -> list[tuple[str, nn.Module, dict[str, Any], str]]:
         """The slots added (appended: dicts keep insertion order) or filled since the walk."""
         out: list[tuple[str, nn.Module, dict[str, Any], str]] = []
         for prefix, m, n_params, n_buffers, nones in self.modules:
@@ -183,17 +186,19 @@ class _Snapshot:
                         out.append((prefix, m, d, k))
         return out
 
-    def created(self) -> dict[str, Tensor]:
-        """Persistent parameters/buffers that hold a tensor now and held none before."""
+    def created(self, added: list[tuple[str, nn.Module, dict[str, Any], str]]) -> dict[str, Tensor]:
+        """Persistent parameters/buffers that hold a tensor now and held none before
+        (``added``: :meth:`added` now)."""
         return {
             prefix + k: d[k]
-            for prefix, m, d, k in self._added()
+            for prefix, m, d, k in added
             if d[k] is not None and (d is m._parameters or k not in m._non_persistent_buffers_set)
         }
 
-    def restore_created(self) -> None:
-        """Take back what the call added: slots created or filled while it ran."""
-        for _, m, d, k in self._added():
+    def restore_created(self, added: list[tuple[str, nn.Module, dict[str, Any], str]]) -> None:
+        """Take back what the call added: slots created or filled while it ran (``added``:
+        :meth:`added` now)."""
+        for _, m, d, k in added:
             if k in self._nones_of(m):
                 d[k] = None
             else:
@@ -207,27 +212,41 @@ class _Snapshot:
         return ()
 
 
-@contextlib.contextmanager
-def swapped(module: nn.Module, swap: dict[str, Tensor], slots: list[Slot]) -> Iterator[None]:
-    """Put ``swap``'s tensors into ``slots`` (one per dotted name) while the block runs.
+class _Swapped:
+    """The context manager of :func:`swapped` (a class: cheaper to enter than a generator)."""
 
-    The module's own tensors are put back afterwards (last in, first out), whatever happens,
-    and ``swap`` then holds what each slot held at the end of the block (a rebound tensor).
-    Under ``torch.compile`` this is torch's own reparametrisation (see ``_versions``), which
-    Dynamo knows, also inside ``scan``/``while_loop`` bodies.
-    """
-    saved: list[tuple[dict[str, Any], str, Any]] = []
-    for (m, attr), t in zip(slots, swap.values()):
-        d: dict[str, Any] = m._parameters if attr in m._parameters else m._buffers
-        saved.append((d, attr, d[attr]))
-        d[attr] = t
-    try:
-        yield
-    finally:
+    __slots__ = ("saved", "slots", "swap")
+
+    def __init__(self, swap: dict[str, Tensor], slots: list[Slot]) -> None:
+        self.swap, self.slots = swap, slots
+        self.saved: list[tuple[dict[str, Any], str, Any]] = []
+
+    def __enter__(self) -> None:
+        saved = self.saved
+        for (m, attr), t in zip(self.slots, self.swap.values()):
+            d: dict[str, Any] = m._parameters if attr in m._parameters else m._buffers
+            saved.append((d, attr, d[attr]))
+            d[attr] = t
+
+    def __exit__(self, *exc: object) -> None:
+        swap, saved = self.swap, self.saved
         for name, (d, attr, _) in zip(swap, saved):
             swap[name] = d[attr]
         for d, attr, old in reversed(saved):
             d[attr] = old
+
+
+def swapped(
+    module: nn.Module, swap: dict[str, Tensor], slots: list[Slot]
+) -> AbstractContextManager[None]:
+    """Put ``swap``'s tensors into ``slots`` (one per dotted name) while the block runs.
+
+    The module's own tensors are put back afterwards (last in, first out), whatever happens,
+    and ``swap`` then holds what each slot held at the end of the block (a rebound tensor).
+    Under ``torch.compile`` this is torch's own reparametrisation (see ``_twins``), which
+    Dynamo knows, also inside ``scan``/``while_loop`` bodies.
+    """
+    return _Swapped(swap, slots)
 
 
 def _undeclared_write(where: list[Slot], fused_observers: set[int]) -> bool:
@@ -265,24 +284,113 @@ def _same_values(a: Tensor, b: Tensor) -> bool:
     return torch.equal(unwrapped(a), unwrapped(b))
 
 
+def same_tensor(a: Tensor, b: Tensor) -> bool:
+    """``a`` and ``b`` are one tensor: the same object, or aliases with the same geometry (as
+    ``state_dict()`` gives for tied weights: one detached alias per name)."""
+    return a is b or (
+        is_alias_of(a, b)
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.storage_offset() == b.storage_offset()
+        and a.dtype == b.dtype
+    )
+
+
+class Prepared:
+    """Where each given tensor goes: what :func:`call_with_state` needs besides the tensors.
+
+    Built from the module's slots for one set of names (:meth:`build`); ``tdfunc.nn._plan``
+    keeps it between calls (without holding the module) and validates it on every use.
+    """
+
+    __slots__ = (
+        "is_buffer",
+        "names",
+        "slots",
+        "snapshot",
+        "swap_names",
+        "swap_slots",
+        "swap_src",
+        "where",
+    )
+
+    def __init__(
+        self,
+        snapshot: _Snapshot,
+        names: list[str],
+        slots: list[Slot],
+        is_buffer: list[bool],
+        where: list[list[tuple[str, Slot]] | None],
+        swap: tuple[list[str], list[Slot], list[int]],
+    ) -> None:
+        self.snapshot = snapshot
+        #: the given names, in the order of the tensors, and the slot each one names
+        self.names, self.slots, self.is_buffer = names, slots, is_buffer
+        #: per name, every ``(dotted name, slot)`` it fills when that is more than its own
+        #: slot (tied weights, submodules reachable under two names); None otherwise
+        self.where = where
+        #: the slots filled, by one dotted name each, and the index of the tensor put there
+        self.swap_names, self.swap_slots, self.swap_src = swap
+
+    @classmethod
+    def build(
+        cls, module: nn.Module, names: list[str], slots: dict[str, Slot], tie_weights: bool
+    ) -> Prepared:
+        """Walk ``module`` and resolve every name's slots (``slots``: name -> its own slot).
+
+        Args:
+            module: the module to call.
+            names: the given names, in the order of the tensors.
+            slots: dotted name -> ``(owner module, attribute name)`` of that name's slot.
+            tie_weights: every other slot holding the same module tensor as a named slot gets
+                the same copy (tied weights, submodules reachable under two names).
+        """
+        snapshot = _Snapshot.walk(module, tie_weights)
+        by_id = snapshot.by_id
+        own: list[Slot] = []
+        is_buffer: list[bool] = []
+        where: list[list[tuple[str, Slot]] | None] = []
+        swap_names: list[str] = []
+        swap_slots: list[Slot] = []
+        swap_src: list[int] = []
+        for i, name in enumerate(names):
+            slot = slots[name]
+            m, attr = slot
+            params = m._parameters
+            buffer = attr not in params
+            own.append(slot)
+            is_buffer.append(buffer)
+            tied = by_id.get(id((m._buffers if buffer else params)[attr])) if by_id else None
+            if tied is not None and len(tied) > 1:
+                targets = [(snapshot.name_of(s), s) for s in tied]
+                where.append(targets)
+                for dotted, s in targets:
+                    swap_names.append(dotted)
+                    swap_slots.append(s)
+                    swap_src.append(i)
+            else:
+                where.append(None)
+                swap_names.append(name)
+                swap_slots.append(slot)
+                swap_src.append(i)
+        return cls(snapshot, names, own, is_buffer, where, (swap_names, swap_slots, swap_src))
+
+
 def call_with_state(
     module: nn.Module,
-    tensors: dict[str, Tensor],
-    slots: dict[str, Slot],
+    prepared: Prepared,
+    tensors: list[Tensor],
     args: Any,
     kwargs: dict[str, Any] | None,
-    tie_weights: bool,
 ) -> tuple[Any, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
     """Call ``module`` with private copies of ``tensors`` in its slots; report its writes.
 
     Args:
         module: the module to call.
-        tensors: dotted name -> the tensor to use (never written).
-        slots: dotted name -> ``(owner module, attribute name)`` of that name's slot.
+        prepared: where each tensor goes (:meth:`Prepared.build`, for the module as it is now).
+        tensors: the tensors to use, one per name of ``prepared`` (never written).
         args: positional arguments (a non-tuple value is the only one).
         kwargs: keyword arguments.
-        tie_weights: every other slot holding the same module tensor as a named slot gets the
-            same copy (tied weights, submodules reachable under two names).
 
     Returns:
         ``(output, written, created, maybe)``: the module's output; for each name whose tensor
@@ -293,46 +401,27 @@ def call_with_state(
         values. The module is left exactly as it was (its own tensor objects back in every
         slot, created ones removed).
     """
-    from ._versions import unverified, write_marks  # first use only
-
-    snapshot = _Snapshot(module, tie_weights)
-    by_id = snapshot.by_id
-    copies: list[Tensor] = []
-    is_buffer: list[bool] = []
-    # tied names only: the slots the name fills, by one dotted name per slot
-    tied_targets: dict[str, list[tuple[str, Slot]]] = {}
-    swap: dict[str, Tensor] = {}
-    swap_slots: list[Slot] = []
-    for name, t in tensors.items():
-        slot = slots[name]
-        m, attr = slot
-        params = m._parameters
-        buffer = attr not in params
-        c = private_copy(t, buffer)
-        copies.append(c)
-        is_buffer.append(buffer)
-        tied = by_id.get(id((m._buffers if buffer else params)[attr])) if by_id else None
-        if tied is not None and len(tied) > 1:
-            where = [(snapshot.name_of(s), s) for s in tied]
-            tied_targets[name] = where
-            for dotted, s in where:
-                swap[dotted] = c
-                swap_slots.append(s)
-        else:
-            swap[name] = c
-            swap_slots.append(slot)
+    snapshot = prepared.snapshot
+    writers = snapshot.writers()
+    is_buffer = prepared.is_buffer
+    copies = [private_copy(t, b) for t, b in zip(tensors, is_buffer)]
+    swap = {dotted: copies[i] for dotted, i in zip(prepared.swap_names, prepared.swap_src)}
     before = write_marks(copies, is_buffer)
     if not isinstance(args, tuple):
         args = (args,)
     try:
-        with swapped(module, swap, swap_slots):
+        with swapped(module, swap, prepared.swap_slots):
             out = module(*args, **(kwargs or {}))
         after = write_marks(copies, is_buffer)
         unsure = unverified(is_buffer)
         written: dict[str, Tensor] = {}
         maybe: dict[str, Tensor] = {}
-        for name, c, m0, m1, u in zip(tensors, copies, before, after, unsure):
-            where = tied_targets.get(name) or [(name, slots[name])]
+        for name, slot, targets, t, c, m0, m1, u in zip(
+            prepared.names, prepared.slots, prepared.where, tensors, copies, before, after, unsure
+        ):
+            if m0 == m1 and targets is None and not (writers or u) and swap[name] is c:
+                continue  # the same mark, the same tensor in its one slot: nothing written
+            where = targets or [(name, slot)]
             for dotted, _ in where:
                 now = swap[dotted]
                 if now is not c and isinstance(now, Tensor):
@@ -343,9 +432,9 @@ def call_with_state(
                 if unchanged and m1[1] and not m0[1]:
                     # the mark before the call was read in a traced frame (no storage), the
                     # one after it eagerly: a rebinding (buf.data = v) shows in the values
-                    unchanged = _same_values(c, tensors[name])
+                    unchanged = _same_values(c, t)
                 if unchanged:
-                    if snapshot.writers and _undeclared_write(
+                    if writers and _undeclared_write(
                         [s for _, s in where], snapshot.fused_observers
                     ):
                         written[name] = c
@@ -355,17 +444,18 @@ def call_with_state(
                     m1[0] != m0[0]
                     or (m0[1] and m1[1] and m1[1] != m0[1])
                     # the copy-on-write memory was copied: written if the values differ
-                    or (not m1[2] and not _same_values(c, tensors[name]))
+                    or (not m1[2] and not _same_values(c, t))
                     or (
-                        snapshot.writers
+                        writers
                         and _undeclared_write([s for _, s in where], snapshot.fused_observers)
                     )
                 ):
                     written[name] = c
-        created = snapshot.created()
     finally:
-        snapshot.restore_created()
+        added = snapshot.added()
+        created = snapshot.created(added)
+        snapshot.restore_created(added)
     return out, written, created, maybe
 
 
-__all__ = ["call_with_state", "private_copy"]
+__all__ = ["Prepared", "call_with_state", "private_copy", "same_tensor"]

@@ -13,28 +13,31 @@
 
 Under ``torch.compile`` Dynamo turns ``t._version`` into an unbacked symbolic integer, so
 "did it change" would be a data-dependent branch. The counter of the fake tensor Dynamo traces
-with is exact, though: it is bumped by every in-place op traced. :func:`write_marks` is therefore
-registered with ``torch._dynamo.substitute_in_graph``, and Dynamo traces a custom op
-(``tdfunc::versions``) instead, whose fake implementation reports each fake tensor's version as
-the static length of an empty ``meta`` tensor: a constant while tracing, no guard, no graph
-break. The op's results are never used, so a compiled graph does no work for it. (Dynamo does
-not trace ``t.data = v`` on a tensor made inside the compiled function: it stops with its own
-error, so the traced marks need no storage identity.)
+with is exact, though: it is bumped by every in-place op traced. What Dynamo traces instead of
+:func:`write_marks` (registered in ``_twins``) therefore calls a custom op
+(``tdfunc::versions``, defined here), whose fake implementation reports each fake tensor's
+version as the static length of an empty ``meta`` tensor: a constant while tracing, no guard, no
+graph break. The op's results are never used, so a compiled graph does no work for it. (Dynamo
+does not trace ``t.data = v`` on a tensor made inside the compiled function: it stops with its
+own error, so the traced marks need no storage identity.)
 
-This module imports ``torch._dynamo`` (about a second), so it is imported on first use, from
-inside :func:`tdfunc.functional_call` (also when Dynamo traces that call: the import itself
-runs for real, before the call to :func:`write_marks` is traced).
+Nothing here imports ``torch._dynamo``: defining a custom op does not.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-
 import torch
 from torch import Tensor
 
-from .._compat import is_cow, reparametrize_module
-from ._state import Slot, _is_wrapped, private_copy, swapped, unwrapped
+from .._compat import get_unwrapped, is_cow
+from .._compat import is_functorch_wrapped_tensor as _is_wrapped
+
+
+def unwrapped(t: Tensor) -> Tensor:
+    """The tensor under ``t``'s functorch wrappers (``t`` itself outside any transform)."""
+    while _is_wrapped(t):
+        t = get_unwrapped(t)
+    return t
 
 
 def _lengths(tensors: list[Tensor]) -> list[Tensor]:
@@ -79,18 +82,13 @@ def write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tuple[int, 
         >>> write_marks([t], [True]) != before
         True
     """
-    out = []
+    out: list[tuple[int, int, bool]] = []
+    append = out.append
     for t, s in zip(tensors, storages):
         if _is_wrapped(t):
             t = unwrapped(t)
-        out.append((t._version, t.untyped_storage()._cdata if s else 0, is_cow(t)))
+        append((t._version, t.untyped_storage()._cdata if s else 0, is_cow(t)))
     return out
-
-
-@torch.compiler.substitute_in_graph(write_marks)
-def _traced_write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tuple[int, int, bool]]:
-    # fake tensors have no copy-on-write memory and no storage to swap (see above)
-    return [(o.shape[0], 0, False) for o in torch.ops.tdfunc.versions(tensors)]
 
 
 def unverified(is_buffer: list[bool]) -> list[bool]:
@@ -104,27 +102,4 @@ def unverified(is_buffer: list[bool]) -> list[bool]:
     return [False] * len(is_buffer)
 
 
-@torch.compiler.substitute_in_graph(unverified)
-def _traced_unverified(is_buffer: list[bool]) -> list[bool]:
-    # fake tensors record no version for in-place foreach ops (torch 2.13-2.15: a buffer
-    # updated with torch._foreach_lerp_ keeps its version while Dynamo traces): a buffer's
-    # unchanged mark proves nothing there; the caller checks its values instead
-    return list(is_buffer)
-
-
-@torch.compiler.substitute_in_graph(private_copy)
-def _traced_private_copy(t: Tensor, buffer: bool = False) -> Tensor:
-    # A compiled graph is functional: a copy is a clone there, whatever it is eagerly, and
-    # inductor removes the clones nothing writes (``aten._lazy_clone`` would stay an op call)
-    return t.clone()
-
-
-@torch.compiler.substitute_in_graph(swapped)  # type: ignore[arg-type]
-def _traced_swapped(
-    module: torch.nn.Module, swap: dict[str, Tensor], slots: list[Slot]
-) -> AbstractContextManager[None]:
-    # torch's reparametrisation: Dynamo lets it mutate the module inside higher-order ops
-    return reparametrize_module(module, swap, stack_weights=True)
-
-
-__all__ = ["unverified", "write_marks"]
+__all__ = ["unverified", "unwrapped", "write_marks"]

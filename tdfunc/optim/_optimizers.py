@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import _compat as C
 from . import _errors as E
 from ._core import (
     DECAY_PICKS,
@@ -132,7 +133,7 @@ def sgd(
         first = bool(count == 0)
 
         def run(ls: list[list[Tensor]], decay: float) -> None:
-            torch._fused_sgd_(*ls, weight_decay=decay, momentum=momentum, lr=lr_,
+            C.fused_sgd_(*ls, weight_decay=decay, momentum=momentum, lr=lr_,
                               dampening=dampening, nesterov=nesterov, maximize=maximize,
                               is_first_step=first)  # fmt: skip
 
@@ -211,7 +212,7 @@ def _adam(
             return None
         new = {k: own(v, donate) for k, v in bufs.items()}
         out = own(p, donate)
-        kernel = torch._fused_adamw_ if decoupled else torch._fused_adam_
+        kernel = C.fused_adamw_ if decoupled else C.fused_adam_
         lists = [out, g, new["exp_avg"], new["exp_avg_sq"]]
         lists += [new["max_exp_avg_sq"] if amsgrad else [], steps_tensor(count, len(p))]
 
@@ -418,7 +419,7 @@ def adagrad(
         out = own(p, donate)
 
         def run(ls: list[list[Tensor]], decay: float) -> None:
-            torch._fused_adagrad_(*ls, lr=lr_, lr_decay=lr_decay, weight_decay=decay, eps=eps,
+            C.fused_adagrad_(*ls, lr=lr_, lr_decay=lr_decay, weight_decay=decay, eps=eps,
                                   maximize=maximize)  # fmt: skip
 
         run_groups(run, [out, g, new["sum"], steps_tensor(count, len(p))], wd, h[DECAY_PICKS])

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import _compat as C
 from .. import _donate
 from .._twins import traced_as
 from . import _errors as E
@@ -92,7 +93,7 @@ def step(
             (grads, state, params), {}, (1, 2), _WHAT, grad_ok=True, names=_NAMES
         )
         # in the order of the outputs (params, then state): each output takes its own buffer
-        donors = [t for i, _, t in checked if i == 2] + [t for i, _, t in checked if i == 1]
+        donors = [t for i, t in checked if i == 2] + [t for i, t in checked if i == 1]
     with torch.no_grad():
         fused = fused_of(opt)
         out = fused(grads, state, params, donate) if fused is not None else None
@@ -128,7 +129,7 @@ def fusable(lists: list[list[Tensor]]) -> bool:
     first = lists[0]
     if not first or first[0].device.type not in ("cpu", "cuda"):
         return False
-    batched = torch._C._functorch.is_batchedtensor
+    batched = C.is_batchedtensor
     for row in zip(*lists):
         x = row[0]
         dtype, device, shape = x.dtype, x.device, x.shape

@@ -1,0 +1,345 @@
+"""The slot plan of :func:`tdfunc.functional_call`, kept between calls and validated on each.
+
+A call's *plan* is everything that depends on the module and on the structure of the given
+state, not on the tensors' values: the walk of the module (every distinct submodule, the slots
+holding ``None``, the norm and fake-quantize modules), the tie map, which slot each key of the
+state names and which keys are second names of a tied tensor. Working it out walks the module
+and the state and resolves every dotted name; it is the same work for every call of a training
+loop. So the plan is kept, per module and per *(structure of the state, strict, tie_weights)*,
+and used again only after a check, on every call, that the module is still the one it was made
+for (:meth:`Plan.live`):
+
+* every module of the walk is alive, of the same class, and its ``_parameters``, ``_buffers``
+  and ``_modules`` hold the same names, in the same order, with the very same objects (or
+  ``None``) as when the plan was made; its set of non-persistent buffers is the same. This
+  sees a parameter or buffer registered, deleted or replaced (by another tensor, another
+  ``Parameter`` object or ``None``), a submodule added, removed or replaced, weights tied or
+  untied (a slot then holds another object), a parameter turned into a plain attribute (its
+  name leaves ``_parameters``);
+* every given tensor has the shape of the module tensor it replaces, and the tensor given for
+  a second name of a tied tensor is the one given for its first name (both depend on the
+  values, not the structure, so they are checked as the full path checks them).
+
+When any check fails, the call takes the full path (which raises the right error, if there is
+one) and its plan replaces the old one. The copies, the write marks, the created-state check
+and everything else that depends on values run on every call, exactly as on the full path.
+
+Nothing here holds the module: the cache is a :class:`weakref.WeakKeyDictionary` keyed by the
+module, and a plan refers to modules and tensors through weak references only (a plan keeps
+neither a module nor a replaced tensor alive). This is eager boundary code around the call:
+while Dynamo traces :func:`tdfunc.functional_call`, :func:`lookup` is replaced by a twin that
+finds nothing (``_twins``), :func:`remember` is given no key and stores nothing, and the
+traced call takes the full path (whose result the compiled graph holds as constants).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+from .._tree import is_node, leaves_with_paths
+from ..tensordict import TensorDict
+from ._state import Prepared, Slot, _Snapshot, same_tensor
+
+#: plans kept per module (one per state structure and options); more clears them
+_MAX_PLANS = 8
+#: module -> {(state structure, strict, tie_weights): plan}
+_PLANS: weakref.WeakKeyDictionary[nn.Module, dict[Hashable, Plan]] = weakref.WeakKeyDictionary()
+#: a tensor child in a structure key (a node child has its own key there)
+_LEAF = 0
+#: a ``None`` child in a structure key
+_NONE = 1
+
+
+# --------------------------------------------------------------------------------------
+# the structure of a state
+# --------------------------------------------------------------------------------------
+def _node_structure(
+    node: Any, prefix: str, leaves: list[Tensor], names: list[str] | None
+) -> Hashable | None:
+    """The key of a node's structure, its leaves (and dotted names), in the order of the
+    full path's walk (``_match_node``); None for what that walk does not take."""
+    if isinstance(node, TensorDict):
+        items: Any = node._data.items()
+    else:
+        items = zip(node._tdf_keys(), node._tdf_children())
+    parts: list[Any] = [type(node)]
+    for k, v in items:
+        if isinstance(v, Tensor):
+            leaves.append(v)
+            if names is not None:
+                names.append(prefix + k)
+            parts.append((k, _LEAF))
+        elif v is None:
+            parts.append((k, _NONE))
+        elif is_node(v):
+            sub = _node_structure(v, prefix + k + ".", leaves, names)
+            if sub is None:
+                return None
+            parts.append((k, sub))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _mapping_structure(
+    m: Mapping[Any, Any], prefix: str, leaves: list[Tensor], names: list[str] | None
+) -> Hashable | None:
+    """As :func:`_node_structure`, for a mapping (the full path's ``_flat_mapping``)."""
+    parts: list[Any] = [type(m)]
+    for k, v in m.items():
+        if not isinstance(k, str):
+            return None
+        if isinstance(v, Tensor):
+            leaves.append(v)
+            if names is not None:
+                names.append(prefix + k)
+            parts.append((k, _LEAF))
+        elif is_node(v):
+            pairs = leaves_with_paths(v)
+            leaves.extend(t for _, t in pairs)
+            if names is not None:
+                names.extend(prefix + k + "." + ".".join(p) for p, _ in pairs)
+            sub = _node_structure(v, "", [], None)
+            if sub is None:
+                return None
+            parts.append((k, sub))
+        elif isinstance(v, Mapping):
+            sub = _mapping_structure(v, prefix + k + ".", leaves, names)
+            if sub is None:
+                return None
+            parts.append((k, sub))
+        else:
+            return None
+    return tuple(parts)
+
+
+def structure(state: Any, leaves: list[Tensor], names: list[str] | None = None) -> Hashable | None:
+    """The hashable structure of ``state`` (None: a state the full path alone handles).
+
+    Appends the leaves of ``state`` to ``leaves`` (and their dotted names to ``names``) in the
+    order the full path gives them names.
+
+    Example:
+        >>> import torch
+        >>> leaves, names = [], []
+        >>> key = structure({"w": torch.ones(1), "sub": {"b": torch.ones(1)}}, leaves, names)
+        >>> names, hash(key) == hash(structure({"w": 1.0, "sub": {}}, []))
+        (['w', 'sub.b'], False)
+    """
+    if is_node(state):
+        return _node_structure(state, "", leaves, names)
+    if isinstance(state, Mapping):
+        return _mapping_structure(state, "", leaves, names)
+    if isinstance(state, (tuple, list)):
+        parts: list[Any] = [type(state)]
+        for p in state:
+            sub = structure(p, leaves, names)
+            if sub is None:
+                return None
+            parts.append(sub)
+        return tuple(parts)
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# plans
+# --------------------------------------------------------------------------------------
+def _refs(m: nn.Module) -> tuple[Any, ...]:
+    """A weak reference to each object in the slot dictionaries of ``m`` (None for None)."""
+    return tuple(
+        None if v is None else weakref.ref(v)
+        for v in (*m._parameters.values(), *m._buffers.values(), *m._modules.values())
+    )
+
+
+class Live:
+    """A plan checked against the module and the given tensors: ready for one call."""
+
+    __slots__ = ("alias", "flat", "prepared", "tensors")
+
+    def __init__(
+        self,
+        prepared: Prepared,
+        tensors: list[Tensor],
+        flat: dict[str, Tensor],
+        alias: dict[str, str],
+    ) -> None:
+        self.prepared = prepared
+        #: the given tensors, one per name of ``prepared``; and by name
+        self.tensors, self.flat = tensors, flat
+        #: a second name of a tied tensor -> the first name (whose tensor the module uses)
+        self.alias = alias
+
+
+class Plan:
+    """The plan of one module for one state structure, holding no module and no tensor."""
+
+    __slots__ = (
+        "alias",
+        "fused",
+        "is_buffer",
+        "leaf_of",
+        "modules",
+        "names",
+        "norms",
+        "observers",
+        "slots",
+        "swap_names",
+        "swap_slots",
+        "swap_src",
+        "walk",
+        "where",
+    )
+
+    def __init__(self, prepared: Prepared, leaf_names: list[str], alias: dict[str, str]) -> None:
+        snapshot = prepared.snapshot
+        index = {id(m): i for i, (_, m, _, _, _) in enumerate(snapshot.modules)}
+
+        def at(slot: Slot) -> tuple[int, str]:
+            return index[id(slot[0])], slot[1]
+
+        #: per module of the walk: (weak reference, class, the names in its slot dictionaries
+        #: (parameters, buffers, submodules), a weak reference to each object they hold, its
+        #: non-persistent buffer names)
+        self.modules = [
+            (
+                weakref.ref(m),
+                type(m),
+                tuple(m._parameters),
+                tuple(m._buffers),
+                tuple(m._modules),
+                _refs(m),
+                frozenset(m._non_persistent_buffers_set),
+            )
+            for _, m, _, _, _ in snapshot.modules
+        ]
+        #: the snapshot without its modules: (prefix, counts, None slots) per module
+        self.walk = [
+            (p, n_params, n_buffers, nones) for p, _, n_params, n_buffers, nones in snapshot.modules
+        ]
+        self.norms = [index[id(m)] for m in snapshot.norms]
+        self.fused = snapshot.fused
+        self.observers = [index[i] for i in snapshot.fused_observers if i in index]
+        self.names = prepared.names
+        self.is_buffer = prepared.is_buffer
+        self.slots = [at(s) for s in prepared.slots]
+        self.where = [
+            None if w is None else [(dotted, at(s)) for dotted, s in w] for w in prepared.where
+        ]
+        self.swap_names = prepared.swap_names
+        self.swap_slots = [at(s) for s in prepared.swap_slots]
+        self.swap_src = prepared.swap_src
+        self.alias = alias
+        position = {n: i for i, n in enumerate(prepared.names)}
+        #: per leaf of the state: (index of the given name it is, or of the first name of the
+        #: tied tensor it is a second name of; whether it is such a second name), or None for
+        #: a key the module does not have
+        self.leaf_of: list[tuple[int, bool] | None] = [
+            (position[n], False)
+            if n in position
+            else (position[alias[n]], True)
+            if n in alias
+            else None
+            for n in leaf_names
+        ]
+
+    def live(self, module: nn.Module, leaves: list[Tensor]) -> Live | None:
+        """The plan for this call, or None when the module changed or a tensor does not fit
+        (the full path then finds out what, and raises what it raises)."""
+        mods: list[nn.Module] = []
+        for ref, cls, pn, bn, sn, refs, npb in self.modules:
+            m = ref()
+            if m is None or type(m) is not cls:
+                return None
+            p, b, s = m._parameters, m._buffers, m._modules
+            if tuple(p) != pn or tuple(b) != bn or tuple(s) != sn:
+                return None
+            if refs:
+                for v, r in zip((*p.values(), *b.values(), *s.values()), refs):
+                    if r is None:
+                        if v is not None:
+                            return None
+                    elif v is None or v is not r():
+                        return None
+            if bn and m._non_persistent_buffers_set != npb:
+                return None
+            mods.append(m)
+        if mods[0] is not module:
+            return None
+        slots = [(mods[i], attr) for i, attr in self.slots]
+        tensors: list[Tensor | None] = [None] * len(slots)
+        for v, of in zip(leaves, self.leaf_of):
+            if of is None:
+                continue
+            i, second = of
+            m, attr = slots[i]
+            own = (m._buffers if self.is_buffer[i] else m._parameters)[attr]
+            if own is None or v.shape != own.shape:
+                return None
+            if second:
+                first = tensors[i]
+                if first is None or not same_tensor(v, first):
+                    return None
+            else:
+                tensors[i] = v
+        given: list[Tensor] = tensors  # type: ignore[assignment]  # every name has its leaf
+        snapshot = _Snapshot()
+        snapshot.modules = [(p, m, n, b, nones) for (p, n, b, nones), m in zip(self.walk, mods)]
+        snapshot.norms = [mods[i] for i in self.norms]
+        snapshot.fused = self.fused
+        snapshot.fused_observers = {id(mods[i]) for i in self.observers}
+        prepared = Prepared(
+            snapshot,
+            self.names,
+            slots,
+            self.is_buffer,
+            [None if w is None else [(d, (mods[i], a)) for d, (i, a) in w] for w in self.where],
+            (self.swap_names, [(mods[i], a) for i, a in self.swap_slots], self.swap_src),
+        )
+        return Live(prepared, given, dict(zip(self.names, given)), self.alias)
+
+
+def lookup(
+    module: nn.Module, state: Any, strict: bool, tie_weights: bool
+) -> tuple[Live | None, Hashable | None]:
+    """The validated plan of this call (None: take the full path), and the key to remember
+    the full path's plan under (None: not to be remembered)."""
+    leaves: list[Tensor] = []
+    shape = structure(state, leaves)
+    if shape is None:
+        return None, None
+    key = (shape, strict, tie_weights)
+    plans = _PLANS.get(module)
+    plan = None if plans is None else plans.get(key)
+    if plan is None:
+        return None, key
+    return plan.live(module, leaves), key
+
+
+def remember(
+    module: nn.Module,
+    key: Hashable | None,
+    state: Any,
+    prepared: Prepared,
+    alias: dict[str, str],
+) -> None:
+    """Keep the full path's plan for the next calls with a state of this structure."""
+    if key is None:
+        return
+    names: list[str] = []
+    structure(state, [], names)
+    if len(set(names)) != len(names):
+        return  # a name given twice (the full path keeps the last one): not planned
+    plans = _PLANS.get(module)
+    if plans is None:
+        plans = _PLANS[module] = {}
+    elif len(plans) >= _MAX_PLANS:
+        plans.clear()
+    plans[key] = Plan(prepared, names, alias)
+
+
+__all__ = ["Live", "Plan", "lookup", "remember", "structure"]

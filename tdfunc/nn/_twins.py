@@ -1,0 +1,67 @@
+"""What Dynamo traces instead of the eager readers of :func:`tdfunc.functional_call`.
+
+Each function here is the traceable twin of an eager function of ``_state``, ``_versions`` or
+``_plan``, which Dynamo traces in its place (``torch.compiler.substitute_in_graph``): the same
+rule, read the way Dynamo can (the reasons are next to each twin).
+
+They are registered with :func:`tdfunc._twins.traced_as`: at once when ``torch._dynamo`` is
+already imported, otherwise right after it gets imported, before Dynamo can trace anything.
+Registering imports nothing, so an eager-only process never imports ``torch._dynamo`` because
+of :func:`tdfunc.functional_call` (``tdfunc.nn`` imports this module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .._compat import reparametrize_module
+from .._twins import traced_as
+from ._plan import Live, lookup
+from ._state import Slot, private_copy, swapped
+from ._versions import unverified, write_marks
+
+
+@traced_as(write_marks)
+def _traced_write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tuple[int, int, bool]]:
+    # fake tensors have no copy-on-write memory and no storage to swap (see _versions)
+    return [(o.shape[0], 0, False) for o in torch.ops.tdfunc.versions(tensors)]
+
+
+@traced_as(unverified)
+def _traced_unverified(is_buffer: list[bool]) -> list[bool]:
+    # fake tensors record no version for in-place foreach ops (torch 2.13-2.15: a buffer
+    # updated with torch._foreach_lerp_ keeps its version while Dynamo traces): a buffer's
+    # unchanged mark proves nothing there; the caller checks its values instead
+    return list(is_buffer)
+
+
+@traced_as(private_copy)
+def _traced_private_copy(t: Tensor, buffer: bool = False) -> Tensor:
+    # A compiled graph is functional: a copy is a clone there, whatever it is eagerly, and
+    # inductor removes the clones nothing writes (``aten._lazy_clone`` would stay an op call)
+    return t.clone()
+
+
+@traced_as(swapped)
+def _traced_swapped(
+    module: torch.nn.Module, swap: dict[str, Tensor], slots: list[Slot]
+) -> AbstractContextManager[None]:
+    # torch's reparametrisation: Dynamo lets it mutate the module inside higher-order ops
+    return reparametrize_module(module, swap, stack_weights=True)
+
+
+@traced_as(lookup)
+def _traced_lookup(
+    module: nn.Module, state: Any, strict: bool, tie_weights: bool
+) -> tuple[Live | None, Hashable | None]:
+    # the plan cache is eager boundary code: a traced call always takes the full path (its
+    # result is a constant of the graph anyway) and stores nothing
+    return None, None
+
+
+__all__: list[str] = []
