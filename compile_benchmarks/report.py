@@ -615,6 +615,45 @@ def replay_section(res: Results) -> list[str]:
     ]
 
 
+def memory_section(res: Results) -> list[str]:
+    """Peak memory growth during one step (``extra_info["peak_param_sets"]``).
+
+    Example:
+        >>> memory_section(Results({}, {}, {}, {}))
+        []
+    """
+    body = []
+    for (cat, workload, mode), group in sorted(res.rows.items()):
+        for name in contender_order(group):
+            info = group[name].info
+            if "peak_param_sets" not in info:
+                continue
+            target = info.get("target")
+            value = info["peak_param_sets"]
+            met = "" if target is None else ("✓" if value <= target + 0.05 else MISS)
+            body.append(
+                [
+                    cat,
+                    workload,
+                    mode,
+                    name,
+                    f"{value:.2f}",
+                    "" if target is None else f"{target} {met}",
+                ]
+            )
+    if not body:
+        return []
+    return [
+        "### Peak memory — growth during one step, in parameter sets",
+        "",
+        "RSS high-water mark of a fresh process, reset after warm-up steps, minus the RSS "
+        "before the step, divided by the bytes of the parameters (0.05 allowed for noise).",
+        "",
+        *_table(["category", "workload", "mode", "contender", "growth", "target"], body),
+        "",
+    ]
+
+
 def paired_section(res: Results) -> list[str]:
     """Rows measured in paired rounds (``compile_benchmarks/paired.py``): ratio and A/A control.
 
@@ -740,6 +779,7 @@ def render(res: Results, chart: str | None = None, title: str = "tdfunc benchmar
         *timing,
         *replay_section(res),
         *paired_section(res),
+        *memory_section(res),
         *comp,
     ]
     lines += [*suspect_section(res)]

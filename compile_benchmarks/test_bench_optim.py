@@ -301,3 +301,190 @@ def test_ensemble_8_mlps(benchmark: Any, plan: Any) -> None:
         calls=2 * scale,
         target=1.0,
     )
+
+
+# ------------------------------------------------------------ fused kernels and donation
+#: parameter sets: 50 tensors / 4.8M params (a small transformer's shapes), two 12M tensors,
+#: and a tiny MLP (8-64-64-2, six tensors: the fixed cost per step dominates)
+SETS: dict[str, list[tuple[int, ...]]] = {
+    "set50": [(384, 384)] * 24 + [(384,)] * 14 + [(1536, 384)] * 8 + [(384, 1536)] * 4,
+    "large": [(3000, 4000)] * 2,
+    "tiny": [(64, 8), (64,), (64, 64), (64,), (2, 64), (2,)],
+}
+QUICK_SETS = ("set50", "tiny")
+
+
+def param_set(name: str) -> tuple[Any, Any]:
+    g = torch.Generator().manual_seed(0)
+    params = tdfunc.TensorDict(
+        {f"p{i}": torch.randn(s, generator=g) for i, s in enumerate(SETS[name])}
+    )
+    return params, params.apply(lambda p: torch.randn(p.shape, generator=g) * 1e-2)
+
+
+def torch_step(params: Any, grads: Any, kind: str) -> Callable[[], Any]:
+    """torch.optim.AdamW over copies: ``compiled`` (compiled with a tensor lr, as PyTorch
+    recommends), ``foreach`` or ``fused`` (eager)."""
+    ps = [p.detach().clone() for p in params.values()]
+    for p, g in zip(ps, grads.values()):
+        p.grad = g.clone()
+    if kind == "compiled":  # inductor picks its own implementation (foreach-style)
+        opt = torch.optim.AdamW(ps, lr=torch.tensor(LR), weight_decay=WD)
+        return torch.compile(opt.step)
+    flag = {"foreach": True} if kind == "foreach" else {"fused": True}
+    return torch.optim.AdamW(ps, lr=LR, weight_decay=WD, **flag).step
+
+
+def tdfunc_steps(
+    params: Any, grads: Any, compile_fn: Callable[..., Any], quick: bool
+) -> dict[str, Callable[[], Callable[[], None]]]:
+    """Makers of tdfunc training loops: optim.step pure and donated, eager and compiled."""
+    opt = optim.adamw(lr=torch.tensor(LR), weight_decay=WD)
+
+    def train(p: Any, s: Any, g: Any) -> tuple[Any, Any]:
+        return optim.step(opt, g, s, p)
+
+    backend = "eager" if quick else "inductor"
+    pure = compile_fn(train)
+    donated = tdfunc.compile(train, donate=(0, 1), backend=backend, fullgraph=True)
+
+    def eager_donated(p: Any, s: Any, g: Any) -> tuple[Any, Any]:
+        return optim.step(opt, g, s, p, donate=True)
+
+    def loop(fn: Callable[..., Any]) -> Callable[[], Callable[[], None]]:
+        return lambda: tdfunc_loop(fn, params.clone(), opt.init(params), grads)
+
+    return {
+        "compiled_pure": loop(pure),
+        "compiled_donated": loop(donated),
+        "eager_pure": loop(train),
+        "eager_donated": loop(eager_donated),
+    }
+
+
+ROWS = [
+    # (tdfunc variant, mode, torch contender, contender name, workload suffix, targets per set)
+    ("compiled_pure", "compiled", "compiled", "tdfunc", "", {"set50": 0.7}),
+    ("compiled_donated", "compiled", "compiled", "tdfunc_donated", "", {"*": 0.45, "tiny": 1.0}),
+    ("compiled_donated", "compiled", "fused", "tdfunc_donated", "_vs_fused", {"*": 1.0}),
+    ("eager_pure", "eager", "foreach", "tdfunc", "", {"*": 0.7}),
+    ("eager_donated", "eager", "fused", "tdfunc_donated", "_vs_fused", {"*": 1.05}),
+]
+
+
+@pytest.mark.parametrize("row", range(len(ROWS)))
+@pytest.mark.parametrize("pset", sorted(SETS))
+def test_adamw_step_fused_and_donated(
+    benchmark: Any, plan: Any, bench_quick: bool, pset: str, row: int
+) -> None:
+    """One AdamW step (``optim.step``) against torch.optim's fastest paths on CPU."""
+    if bench_quick and pset not in QUICK_SETS:
+        pytest.skip("the large set runs in the full benchmark only")
+    variant, mode, kind, contender, suffix, targets = ROWS[row]
+    rounds, scale, compile_fn = plan
+    params, grads = param_set(pset)
+    make = tdfunc_steps(params, grads, compile_fn, bench_quick)[variant]
+    calls = {"large": 1, "set50": 2, "tiny": 20}[pset] * scale
+    report(
+        benchmark,
+        category=CATEGORY,
+        workload=f"adamw_step_{pset}{suffix}",
+        mode=mode,
+        against=f"torch_optim_{kind}",
+        a=make(),
+        a2=make(),
+        b=torch_step(params, grads, kind),
+        rounds=rounds if pset != "large" else max(rounds // 2, 3),
+        calls=calls,
+        contender=contender,
+        target=targets.get(pset, targets.get("*")),
+    )
+
+
+_PEAK_SCRIPT = r"""
+import json, sys, torch, tdfunc
+from tdfunc import optim
+from compile_benchmarks.test_bench_optim import LR, WD, param_set, torch_step
+
+torch.set_num_threads(1)
+variant, pset, backend = sys.argv[1:4]
+params, grads = param_set(pset)
+nbytes = sum(p.numel() * p.element_size() for p in params.values())
+opt = optim.adamw(lr=torch.tensor(LR), weight_decay=WD)
+
+def train(p, s, g):
+    return optim.step(opt, g, s, p)
+
+h = [params.clone(), opt.init(params)]
+if variant.startswith("torch_"):
+    run = torch_step(params, grads, variant[len("torch_"):])
+    call = lambda: run()
+else:
+    fn = {
+        "compiled_pure": torch.compile(train, backend=backend, fullgraph=True),
+        "compiled_donated": tdfunc.compile(train, donate=(0, 1), backend=backend, fullgraph=True),
+        "eager_pure": train,
+        "eager_donated": lambda p, s, g: optim.step(opt, g, s, p, donate=True),
+    }[variant]
+
+    def call():
+        h[0], h[1] = fn(h[0], h[1], grads)
+for _ in range(3):
+    call()
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset the high-water mark to the current RSS
+before = status("VmRSS:")
+call()
+print(json.dumps({"growth": (status("VmHWM:") - before) / nbytes}))
+"""
+
+PEAK_VARIANTS = [
+    "compiled_donated",
+    "compiled_pure",
+    "torch_compiled",
+    "eager_donated",
+    "eager_pure",
+    "torch_foreach",
+    "torch_fused",
+]
+
+
+@pytest.mark.bench_full_only
+@pytest.mark.parametrize("variant", PEAK_VARIANTS)
+def test_adamw_step_peak_memory(benchmark: Any, bench_quick: bool, variant: str) -> None:
+    """Peak RSS growth during one AdamW step on the large set, in parameter sets (the
+    high-water mark of a fresh process, reset after three warm-up steps)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("needs Linux /proc to reset the RSS high-water mark")
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, variant, "large", "inductor"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
+    growth = json.loads(out.stdout.strip().splitlines()[-1])["growth"]
+    target = 0.0 if variant.endswith("donated") else None
+    benchmark.extra_info.update(
+        {
+            "workload": "adamw_step_large_peak_memory",
+            "mode": "compiled" if "compiled" in variant else "eager",
+            "contender": variant,
+            "category": CATEGORY,
+            "peak_param_sets": growth,
+            "target": target,
+        }
+    )
+    print(f"\nadamw_step_large peak growth [{variant}]: {growth:.2f} parameter sets")
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
