@@ -217,8 +217,24 @@ def hyper_value(hypers: dict[str, Any], name: str, inner: Any, count: Tensor) ->
     if isinstance(v, Tensor):
         return inner._tdf_get(name, None)
     if callable(v):
-        return v(count)
+        return once(v(count))
     return v
+
+
+def once(x: Any) -> Any:
+    """``x``, a scalar of the step (a schedule's value), computed once per compiled step.
+
+    Inductor inlines a cheap scalar expression into every vectorised loop that reads it: a
+    cosine schedule would be evaluated again for every 8 floats of every leaf. A tensor
+    stacked with itself is stored in a buffer instead, read by the loops; the value is
+    exactly ``x`` (eagerly one small extra op).
+
+    Example:
+        >>> import torch
+        >>> once(torch.tensor(0.5)).item(), once(0.5)
+        (0.5, 0.5)
+    """
+    return torch.stack([x, x])[0] if isinstance(x, Tensor) else x
 
 
 def is_zero(v: Any) -> bool:
