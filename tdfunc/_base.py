@@ -72,7 +72,11 @@ class Container(Node):
         return self._batch_size if dim is None else self._batch_size[dim]
 
     def __len__(self) -> int:
-        return self._batch_size[0] if self._batch_size else 0
+        """The size of the first batch dim; ``TypeError`` without batch dims (as ``len()``
+        of a 0-d tensor): iteration is not defined there either."""
+        if not self._batch_size:
+            raise TypeError(E.LEN_UNBATCHED.format(cls=type(self).__name__))
+        return self._batch_size[0]
 
     def __iter__(self) -> Iterator[Any]:
         if not self._batch_size:

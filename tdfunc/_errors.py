@@ -26,6 +26,10 @@ TOO_MANY_INDICES = (
     "the index {index!r} uses {used} dims; only batch dims can be indexed"
 )
 BATCH_DIM_RANGE = "dim {dim} is out of range for batch_size {batch_size} ({batch_dims} batch dims)"
+LEN_UNBATCHED = (
+    "len() of a {cls} with batch_size=() is not defined (no batch dim, as for a 0-d tensor); "
+    "use len(td.keys()) for the number of keys"
+)
 BOOL_AMBIGUOUS = (
     "the truth value of a {cls} is ambiguous; use .all() or .any(), which return 0-d bool tensors"
 )

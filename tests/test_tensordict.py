@@ -35,6 +35,17 @@ def test_construction_basic_attributes():
     assert td["b"].batch_size == torch.Size([4])
 
 
+def test_len_and_iteration_agree_on_unbatched_containers():
+    """Like a 0-d tensor: no length and no iteration without a batch dim."""
+    td = TensorDict(a=torch.ones(3))
+    with pytest.raises(TypeError, match=r"len\(\) of a TensorDict with batch_size=\(\)"):
+        len(td)
+    with pytest.raises(TypeError, match="iteration over a TensorDict with batch_size=()"):
+        iter(td)
+    assert len(td.expand(2)) == 2
+    assert [x["a"].shape for x in td.expand(2)] == [torch.Size([3])] * 2
+
+
 def test_construction_kwargs_numbers_numpy():
     td = TensorDict(x=1.5, y=np.arange(3, dtype=np.float32), z=True)
     assert td["x"].dtype == torch.float32
@@ -154,7 +165,8 @@ def test_iteration_over_first_batch_dim():
     assert torch.equal(rows[1]["a"], td["a"][1])
     with pytest.raises(TypeError, match="iteration"):
         iter(TensorDict(a=torch.zeros(2)))
-    assert len(TensorDict(a=torch.zeros(2))) == 0
+    with pytest.raises(TypeError, match="len"):
+        len(TensorDict(a=torch.zeros(2)))
 
 
 def test_repr_readable():
