@@ -1172,3 +1172,24 @@ def test_a_mask_that_selects_nothing_is_an_error() -> None:
     none = tdfunc.TensorDict(w=torch.tensor(False), b=torch.tensor(False))
     with pytest.raises(KeyError, match="selects no leaf"):
         optim.masked(optim.sgd(lr=0.1), none).init(params)
+
+
+def test_schedule_times_a_run_time_rate():
+    """The recipe for a schedule combined with run-time (or per-member) rate changes: a
+    tensor lr in the optimizer, the schedule as a scale of its updates."""
+    sched = optim.cosine_decay(1.0, 10)
+    params = tdfunc.TensorDict(w=torch.ones(3, dtype=torch.float64))
+    grads = tdfunc.TensorDict(w=torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64))
+    opt = optim.chain(
+        optim.sgd(lr=torch.tensor(0.1, dtype=torch.float64)), optim.scale_by_schedule(sched)
+    )
+    state = opt.init(params)
+    for count in range(5):
+        if count == 3:
+            state = optim.set_hyperparams(state, lr=0.05)
+        lr = 0.1 if count < 3 else 0.05
+        updates, state = opt.update(grads, state, params)
+        expected = -lr * float(sched(torch.tensor(count))) * grads["w"]
+        torch.testing.assert_close(updates["w"], expected, rtol=1e-12, atol=1e-15)
+    with pytest.raises(KeyError, match="scale_by_schedule"):
+        optim.set_hyperparams(optim.sgd(lr=sched).init(params), lr=0.1)

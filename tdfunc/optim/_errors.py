@@ -61,7 +61,9 @@ BAD_HYPER = "{what}: invalid {name} value: {value} ({rule})"
 #: ``set_hyperparams`` with a name that is nowhere in the state.
 NO_HYPER = (
     "set_hyperparams: no tensor hyperparameter named {name!r} in the state (found: {found}); "
-    "only hyperparameters given as tensors when the optimizer was built are kept in the state"
+    "only hyperparameters given as tensors when the optimizer was built are kept in the state. "
+    "To change a scheduled rate at run time, give the optimizer a tensor lr and the schedule "
+    "as a scale of its updates: chain(adamw(lr=torch.tensor(3e-4)), scale_by_schedule(...))"
 )
 #: ``multi_transform``: a leaf without a label, or a label without a transformation.
 NO_LABEL = (
