@@ -933,3 +933,21 @@ def test_save_refuses_a_header_readers_would_refuse(tmp_path, monkeypatch):
     ):
         save_safetensors(TensorDict(a=torch.zeros(1)), f)
     assert not f.exists()
+
+
+def test_tied_module_round_trip_through_state_dict(tmp_path):
+    """A tied tensor is one leaf of from_module, written under its first name; the round
+    trip into load_state_dict goes through tdfunc.state_dict, which fills the tied names."""
+    m = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    m[1].weight = m[0].weight
+    params = tdfunc.from_module(m).apply(lambda t: torch.full_like(t, 2.0))
+    tdfunc.save_safetensors(params, tmp_path / "m.safetensors")
+    loaded = tdfunc.load_safetensors(tmp_path / "m.safetensors")
+    assert sorted(loaded.to_state_dict()) == ["0.weight"]
+    fresh = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    fresh[1].weight = fresh[0].weight
+    with pytest.raises(RuntimeError, match=r'Missing key\(s\) in state_dict: "1.weight"'):
+        fresh.load_state_dict(loaded.to_state_dict())
+    fresh.load_state_dict(tdfunc.state_dict(fresh, loaded))
+    assert torch.equal(fresh[1].weight, torch.full((5, 3), 2.0))
+    assert fresh[1].weight is fresh[0].weight

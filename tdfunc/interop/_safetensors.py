@@ -285,7 +285,11 @@ def save_safetensors(
     """Save a TensorDict or tensorclass as one safetensors file.
 
     Leaves are stored under their key paths joined by ``"."`` (for ``tdfunc.from_module(m)``
-    exactly the names of ``m.state_dict()``), so any safetensors reader gets a flat dict of
+    the names of ``m.state_dict()``, except that a tied tensor, one leaf there, is written
+    under its first name only: save ``tdfunc.state_dict(m, params)`` to write every name,
+    or load back with ``m.load_state_dict(tdfunc.state_dict(m, loaded))``, which fills the
+    tied names; ``m.load_state_dict(loaded.to_state_dict())`` reports the tied names as
+    missing), so any safetensors reader gets a flat dict of
     tensors; the structure tdfunc needs to rebuild the container (batch sizes, tensorclass
     types and static fields, ``None`` fields, key order, tied leaves) is JSON in the
     metadata entry ``"tdfunc"``. ``metadata`` adds entries of your own (``"format": "pt"`` is
