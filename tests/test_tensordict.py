@@ -40,7 +40,7 @@ def test_len_and_iteration_agree_on_unbatched_containers():
     td = TensorDict(a=torch.ones(3))
     with pytest.raises(TypeError, match=r"len\(\) of a TensorDict with batch_size=\(\)"):
         len(td)
-    with pytest.raises(TypeError, match="iteration over a TensorDict with batch_size=()"):
+    with pytest.raises(TypeError, match=r"iteration over a TensorDict with batch_size=\(\)"):
         iter(td)
     assert len(td.expand(2)) == 2
     assert [x["a"].shape for x in td.expand(2)] == [torch.Size([3])] * 2
