@@ -51,6 +51,7 @@ SECTIONS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
             "Modules and torch.func",
             ("from_module", "functional_call", "state_dict", "stack_modules"),
         ),
+        ("Compiling and donation", ("compile",)),
         ("Control flow and export", ("cond", "while_loop", "scan", "dynamic_batch_shapes")),
         ("Storage on disk", ("save", "load", "memmap_like", "MemoryMappedTensor")),
         (
@@ -62,6 +63,7 @@ SECTIONS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
             (
                 "StructureError",
                 "KeysDifferError",
+                "DonatedError",
                 "NodeTypesDifferError",
                 "MemmapFormatError",
                 "StoreReplacedError",
@@ -72,6 +74,10 @@ SECTIONS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         ("Constants", ("OPTREE_NAMESPACE", "__version__")),
     ),
 }
+
+#: classes whose entry also shows the public members they inherit from tdfunc's own classes
+#: (``TensorDict``'s methods are mostly ``Container``'s: without this the page shows ten)
+INHERITED = frozenset({f"{PACKAGE}.TensorDict"})
 
 log = logging.getLogger("mkdocs.plugins.tdfunc_reference")
 
@@ -149,7 +155,10 @@ def reference_page(module: str, root: Path = ROOT) -> str:
             if members:
                 lines += [f"## {title}", ""]
                 for name in members:
-                    lines += [f"::: {module}.{name}", "    options:", "      heading_level: 3", ""]
+                    lines += [f"::: {module}.{name}", "    options:", "      heading_level: 3"]
+                    if f"{module}.{name}" in INHERITED:
+                        lines.append("      inherited_members: true")
+                    lines.append("")
     else:
         for name in objects:
             lines += [f"::: {module}.{name}", ""]
@@ -158,6 +167,38 @@ def reference_page(module: str, root: Path = ROOT) -> str:
         lines += [f"- [`{module}.{n}`]({module}.{n}.md): its own page" for n in subpackages]
         lines.append("")
     return "\n".join(lines)
+
+
+def _classes(root: Path = ROOT) -> dict[str, ast.ClassDef]:
+    """Every class defined in the package's sources, by name (read with ``ast``)."""
+    out: dict[str, ast.ClassDef] = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef):
+                out.setdefault(node.name, node)
+    return out
+
+
+def class_members(name: str, root: Path = ROOT) -> list[str]:
+    """The public members the reference shows for class ``name``: its own methods and
+    properties and, for :data:`INHERITED` classes, those of its bases defined in tdfunc."""
+    classes = _classes(root)
+    out: list[str] = []
+    todo = [name]
+    while todo:
+        cls = classes.get(todo.pop(0))
+        if cls is None:
+            continue
+        for node in cls.body:
+            if (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and not node.name.startswith("_")
+                and node.name not in out
+            ):
+                out.append(node.name)
+        if f"{PACKAGE}.{name}" in INHERITED:
+            todo += [b.id for b in cls.bases if isinstance(b, ast.Name)]
+    return out
 
 
 _LINK = re.compile(r"^- \[`([\w.]+)`\]\(\1\.md\)")

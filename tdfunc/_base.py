@@ -213,7 +213,14 @@ class Container(Node):
 
     # ---------------------------------------------------------------- shape
     def reshape(self: T, *shape: Any) -> T:
-        """Reshape the batch dims. See :func:`tdfunc._ops.reshape`."""
+        """Reshape the batch dims (``-1`` allowed); the feature dims of every leaf are kept.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(4, 3, 2), batch_size=[4, 3])
+            >>> td.reshape(-1).batch_size, td.reshape(-1)["a"].shape
+            (torch.Size([12]), torch.Size([12, 2]))
+        """
         return ops.reshape(self, *shape)
 
     def view(self: T, *shape: Any) -> T:

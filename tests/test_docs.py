@@ -42,6 +42,51 @@ hooks = _load("tdfunc_docs_hooks", DOCS / "hooks.py")
 PACKAGES = hooks.public_packages()
 
 
+def test_reference_shows_every_public_method_of_tensordict():
+    """TensorDict's entry lists its own and its inherited (Container) methods: as many as
+    the class has public names."""
+    runtime = sorted(n for n in dir(tdfunc.TensorDict) if not n.startswith("_"))
+    shown = hooks.class_members("TensorDict")
+    assert sorted(shown) == runtime
+    assert len(shown) >= 59  # apply, select, reshape, to, sum, at, ... (10 without inheritance)
+    page = hooks.reference_page("tdfunc")
+    entry = page[page.index("::: tdfunc.TensorDict") :].split("\n\n")[0]
+    assert "inherited_members: true" in entry
+    for name in shown:
+        doc = inspect.getdoc(getattr(tdfunc.TensorDict, name))
+        assert doc, f"TensorDict.{name} has no docstring"
+
+
+def _public_docstrings() -> list[tuple[str, str]]:
+    out = []
+    for module_name in PACKAGES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if isinstance(obj, ModuleType):
+                continue
+            out.append((f"{module_name}.{name}", inspect.getdoc(obj) or ""))
+            if inspect.isclass(obj) and obj.__module__.startswith("tdfunc"):
+                for member in dir(obj):
+                    if member.startswith("_"):
+                        continue
+                    doc = inspect.getdoc(getattr(obj, member, None))
+                    out.append((f"{module_name}.{name}.{member}", doc or ""))
+    return out
+
+
+def test_reference_links_to_no_private_name():
+    """No docstring the reference renders sends the reader to a private module."""
+    private = re.compile(r"tdfunc(\.\w+)*\._\w")
+    found = [
+        f"{where}: {m.group(0)}"
+        for where, doc in _public_docstrings()
+        for m in [private.search(doc)]
+        if m
+    ]
+    assert not found, found
+
+
 def _pages() -> list[Path]:
     return sorted(DOCS.rglob("*.md"))
 

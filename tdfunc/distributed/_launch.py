@@ -63,7 +63,7 @@ class RankError(RuntimeError):
             dumped when a signal killed it), or None.
 
     Example:
-        >>> from tdfunc.distributed._launch import RankError
+        >>> from tdfunc.testing import RankError
         >>> e = RankError("rank 1 of 2 failed: ...", 1, exitcode=-9)
         >>> e.rank, e.exitcode, e.traceback
         (1, -9, None)
@@ -315,7 +315,7 @@ def launch(
 
     Example:
         >>> import operator
-        >>> from tdfunc.distributed._launch import launch
+        >>> from tdfunc.testing import launch
         >>> launch(operator.add, 2)  # fn(rank, world_size) on each rank  # doctest: +SKIP
         [2, 3]
     """

@@ -113,7 +113,7 @@ def to_path(key: Any, what: str) -> KeyPath:
     """``"a"`` -> ``("a",)``; a non-empty tuple of strings is already a path; nested tuples
     are flattened (``(("a",), "b")`` -> ``("a", "b")``).
 
-    Normalised by :func:`tdfunc._keys.as_path`; routing also rejects empty names.
+    Normalised as every key of a container is; routing also rejects empty names.
     """
     key = unravel(key)
     if is_key(key):
