@@ -6,7 +6,8 @@ member, kept in the optimizer state. Every 40 steps the worst quarter of the pop
 the parameters and optimizer state of the best quarter (exploit) and perturbs its learning rate
 (explore): new values in the same containers, so the compiled step never recompiles. The
 parameters and optimizer state are saved with ``tdfunc.save``, loaded back, and training resumes
-from the checkpoint exactly as it would have without it.
+from the checkpoint exactly as it would have without it. The step donates its params and
+state (``tdfunc.compile(..., donate=(0, 1))``): the population is updated in its own memory.
 
 Run: ``python examples/ensemble_pbt.py``
 """
@@ -55,8 +56,13 @@ def member_step(p: tdfunc.TensorDict, s: tdfunc.TensorDict, x: torch.Tensor, y: 
 
 
 counter = CompileCounterWithBackend("aot_eager")
-train_step = torch.compile(
-    torch.vmap(member_step, in_dims=(0, 0, None, None)), backend=counter, fullgraph=True
+# the loop never reads the old params and state again: donate them (the step writes the new
+# values into their memory instead of allocating a population's worth of tensors per step)
+train_step = tdfunc.compile(
+    torch.vmap(member_step, in_dims=(0, 0, None, None)),
+    donate=(0, 1),
+    backend=counter,
+    fullgraph=True,
 )
 val_losses = torch.vmap(loss_fn, in_dims=(0, None, None))
 
