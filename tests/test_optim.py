@@ -1193,3 +1193,11 @@ def test_schedule_times_a_run_time_rate():
         torch.testing.assert_close(updates["w"], expected, rtol=1e-12, atol=1e-15)
     with pytest.raises(KeyError, match="scale_by_schedule"):
         optim.set_hyperparams(optim.sgd(lr=sched).init(params), lr=0.1)
+
+
+def test_help_on_hyper_describes_hyperparameters():
+    import pydoc
+
+    text = pydoc.render_doc(optim.Hyper, renderer=pydoc.plaintext)
+    assert "A hyperparameter of an optimizer" in text
+    assert "set_hyperparams" in text

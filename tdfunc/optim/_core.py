@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Union
 
 import torch
 from torch import Tensor
@@ -31,7 +31,16 @@ from . import _errors as E
 Schedule = Callable[[Tensor], Tensor]
 #: A hyperparameter: a Python number (fixed), a tensor (kept in the state, changeable without
 #: recompiling, one value per ensemble member allowed) or a schedule of the step count.
-Hyper = float | Tensor | Schedule
+Hyper = Union[float, Tensor, Schedule]  # noqa: UP007  # a typing alias carries a docstring
+Hyper.__doc__ = """A hyperparameter of an optimizer (``lr``, ``weight_decay``): one of
+
+* a Python number: a constant of the optimizer (changing it means a new optimizer);
+* a floating tensor: kept in the state (``state[tag, "lr"]``), changed with
+  :func:`tdfunc.optim.set_hyperparams` without recompiling a compiled step; a tensor of the
+  params' batch size gives each ensemble member its own value;
+* a schedule, ``count -> value`` (see :mod:`tdfunc.optim`'s schedules): evaluated at the
+  number of updates done before this one (0 on the first update).
+"""
 
 
 class GradientTransformation(NamedTuple):
