@@ -654,6 +654,38 @@ def memory_section(res: Results) -> list[str]:
     ]
 
 
+def first_call_section(res: Results) -> list[str]:
+    """First call of a compiled step in a fresh process, cold and warm (``extra_info``
+    ``cold_s`` / ``warm_s``: seconds per contender).
+
+    Example:
+        >>> first_call_section(Results({}, {}, {}, {}))
+        []
+    """
+    body = []
+    for (cat, workload, _mode), group in sorted(res.rows.items()):
+        for name in contender_order(group):
+            info = group[name].info
+            if "cold_s" not in info:
+                continue
+            for who, cold in info["cold_s"].items():
+                warm = info["warm_s"][who]
+                body.append(
+                    [cat, workload, who, f"{cold:.1f}", f"{warm:.1f}", f"{warm / cold:.2f}"]
+                )
+    if not body:
+        return []
+    return [
+        "### First call in a fresh process — cold and warm compile caches",
+        "",
+        "Seconds for the first call; warm: a second process with the compile cache the first "
+        "one left (targets: tdfunc cold <= 1.0x the dict step's, warm <= 0.2x cold).",
+        "",
+        *_table(["category", "workload", "contender", "cold s", "warm s", "warm / cold"], body),
+        "",
+    ]
+
+
 def paired_section(res: Results) -> list[str]:
     """Rows measured in paired rounds (``compile_benchmarks/paired.py``): ratio and A/A control.
 
@@ -780,6 +812,7 @@ def render(res: Results, chart: str | None = None, title: str = "tdfunc benchmar
         *replay_section(res),
         *paired_section(res),
         *memory_section(res),
+        *first_call_section(res),
         *comp,
     ]
     lines += [*suspect_section(res)]
