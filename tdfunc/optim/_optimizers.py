@@ -28,7 +28,7 @@ from ._core import (
     check_hyper,
     is_zero,
 )
-from ._step import fusable, own, run_groups, scalar, steps_tensor
+from ._step import fused_inputs, run_groups, steps_tensor
 
 
 def _direction(
@@ -125,11 +125,10 @@ def sgd(
         h: dict[str, Any],
         donate: bool,
     ) -> tuple[list[Tensor], dict[str, Any]] | None:
-        lr_, wd = scalar(h["lr"]), scalar(h["weight_decay"])
-        if lr_ is None or wd is None or count.ndim or not fusable([g, p, *bufs.values()]):
+        got = fused_inputs(g, p, bufs, h, donate)
+        if got is None:
             return None
-        new = {k: own(v, donate) for k, v in bufs.items()}
-        out = own(p, donate)
+        lr_, wd, out, new = got
         first = bool(count == 0)
 
         def run(ls: list[list[Tensor]], decay: float) -> None:
@@ -207,11 +206,10 @@ def _adam(
         h: dict[str, Any],
         donate: bool,
     ) -> tuple[list[Tensor], dict[str, Any]] | None:
-        lr_, wd = scalar(h["lr"]), scalar(h["weight_decay"])
-        if lr_ is None or wd is None or not fusable([g, p, *bufs.values()]):
+        got = fused_inputs(g, p, bufs, h, donate)
+        if got is None:
             return None
-        new = {k: own(v, donate) for k, v in bufs.items()}
-        out = own(p, donate)
+        lr_, wd, out, new = got
         kernel = C.fused_adamw_ if decoupled else C.fused_adam_
         lists = [out, g, new["exp_avg"], new["exp_avg_sq"]]
         lists += [new["max_exp_avg_sq"] if amsgrad else [], steps_tensor(count, len(p))]
@@ -412,11 +410,10 @@ def adagrad(
         h: dict[str, Any],
         donate: bool,
     ) -> tuple[list[Tensor], dict[str, Any]] | None:
-        lr_, wd = scalar(h["lr"]), scalar(h["weight_decay"])
-        if lr_ is None or wd is None or not fusable([g, p, *bufs.values()]):
+        got = fused_inputs(g, p, bufs, h, donate)
+        if got is None:
             return None
-        new = {k: own(v, donate) for k, v in bufs.items()}
-        out = own(p, donate)
+        lr_, wd, out, new = got
 
         def run(ls: list[list[Tensor]], decay: float) -> None:
             C.fused_adagrad_(*ls, lr=lr_, lr_decay=lr_decay, weight_decay=decay, eps=eps,

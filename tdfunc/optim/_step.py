@@ -151,6 +151,17 @@ def fusable(lists: list[list[Tensor]]) -> bool:
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
+def fused_inputs(
+    g: list[Tensor], p: list[Tensor], bufs: dict[str, list[Tensor]], h: dict[str, Any], donate: bool
+) -> tuple[float, float, list[Tensor], dict[str, list[Tensor]]] | None:
+    """What a fused kernel takes: ``lr`` and ``weight_decay`` as floats, and the params and
+    buffers it may write (copies, or the donated tensors); None when no kernel fits."""
+    lr, wd = scalar(h["lr"]), scalar(h["weight_decay"])
+    if lr is None or wd is None or not fusable([g, p, *bufs.values()]):
+        return None
+    return lr, wd, own(p, donate), {k: own(v, donate) for k, v in bufs.items()}
+
+
 def scalar(v: Any) -> float | None:
     """A hyperparameter as a Python float for a fused kernel: numbers, and 0-d tensors (one
     value for the whole step); None for anything else (per-member values)."""
