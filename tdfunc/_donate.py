@@ -233,29 +233,36 @@ def store_outputs(out: Any, donors: list[Tensor]) -> Any:
         (True, [1.0, 1.0])
     """
     flat, spec = pytree.tree_flatten(out)
-    pool = list(donors)
+    # tensors hash by identity: one lookup per output, also while Dynamo traces (the matching
+    # runs once per trace, so it must stay linear in the number of leaves)
+    position = {d: k for k, d in enumerate(donors)}
+    used = [False] * len(donors)
     new: list[Any] = []
     for o in flat:  # before any write: pass-through outputs keep their buffer, views a copy
         if isinstance(o, Tensor):
-            kept = [k for k, d in enumerate(pool) if o is d]
-            if kept:
-                del pool[kept[0]]
-            elif o._base is not None and not any(o is d for d in donors):
+            k = position.get(o)
+            if k is not None:
+                used[k] = True
+            elif o._base is not None:
                 o = o.clone()
         new.append(o)
+    # free donors by kind, in order; the first with the output's shape takes it
+    free: dict[Any, list[int]] = {}
+    for k, d in enumerate(donors):
+        if not used[k]:
+            free.setdefault((d.dtype, d.device, d.layout, d.dim()), []).append(k)
     for j, o in enumerate(new):
-        if not isinstance(o, Tensor) or any(o is d for d in donors):
+        if not isinstance(o, Tensor) or position.get(o) is not None:
             continue
-        for k, d in enumerate(pool):
-            if (
-                d.shape == o.shape
-                and d.dtype == o.dtype
-                and d.device == o.device
-                and d.layout == o.layout
-            ):
+        bucket = free.get((o.dtype, o.device, o.layout, o.dim()))
+        if not bucket:
+            continue
+        for i, k in enumerate(bucket):
+            d = donors[k]
+            if d.shape == o.shape:
                 d.copy_(o)
                 new[j] = d
-                del pool[k]
+                del bucket[i]
                 break
     return pytree.tree_unflatten(new, spec)
 
