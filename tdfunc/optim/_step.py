@@ -57,10 +57,12 @@ def step(
     the kernel then writes into their buffers (no copy, no new memory, as ``torch.optim``),
     the returned containers hold those same tensors, and ``params`` and ``state`` (and every
     container nested in them) are consumed: using them raises :class:`tdfunc.DonatedError`.
-    Tensors taken out of them before are the caller's responsibility. The rules of
-    :func:`tdfunc.compile` apply (no memory-mapped leaf, no leaf requiring grad, no buffer
-    shared between params, state and grads). In a compiled function, donate the arguments
-    of the whole step with ``tdfunc.compile(fn, donate=...)`` instead.
+    Tensors taken out of them before are the caller's responsibility. Refused before
+    anything is written, as by :func:`tdfunc.compile`: memory-mapped leaves and memory shared
+    between params, state and grads (leaves that require grad, such as the parameters of
+    :func:`tdfunc.from_module`, are written without autograd, as ``torch.optim`` does). In
+    a compiled function, donate the arguments of the whole step with
+    ``tdfunc.compile(fn, donate=...)`` instead.
 
     Args:
         opt: the optimizer.
