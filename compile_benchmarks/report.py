@@ -666,7 +666,11 @@ def first_call_section(res: Results) -> list[str]:
     for (cat, workload, _mode), group in sorted(res.rows.items()):
         for name in contender_order(group):
             info = group[name].info
-            if "cold_s" not in info:
+            if "cold_s" not in info and "extra_ms" not in info:
+                continue
+            if "extra_ms" in info:  # one call, no compilation: seconds per contender
+                for who, sec in info["first_call_s"].items():
+                    body.append([cat, workload, who, f"{sec:.3f}", "", ""])
                 continue
             for who, cold in info["cold_s"].items():
                 warm = info["warm_s"][who]
@@ -679,7 +683,9 @@ def first_call_section(res: Results) -> list[str]:
         "### First call in a fresh process — cold and warm compile caches",
         "",
         "Seconds for the first call; warm: a second process with the compile cache the first "
-        "one left (targets: tdfunc cold <= 1.0x the dict step's, warm <= 0.2x cold).",
+        "one left (targets: tdfunc cold <= 1.0x the dict step's, warm <= 0.2x cold). "
+        "`first_functional_call`: an eager call, no compile cache (target: tdfunc at most "
+        "torch.func's + 50 ms).",
         "",
         *_table(["category", "workload", "contender", "cold s", "warm s", "warm / cold"], body),
         "",
