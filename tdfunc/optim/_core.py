@@ -26,6 +26,7 @@ from .._ops import _can_foreach, check_same_structure
 from .._tree import KeyPath, has_leaves, is_node, leaves, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
 from . import _errors as E
+from ._fused import Kernel, fused_inputs
 
 #: A schedule maps the number of updates done so far (an int64 tensor) to a value (a tensor).
 Schedule = Callable[[Tensor], Tensor]
@@ -614,13 +615,6 @@ Math = Callable[
 ]
 
 
-#: ``fused(grads, params, buffers, count, hypers, donate) -> (new params, new entries) | None``
-FusedMath = Callable[
-    [list[Tensor], list[Tensor], dict[str, list[Tensor]], Any, dict[str, Any], bool],
-    "tuple[list[Tensor], dict[str, Any]] | None",
-]
-
-
 def build(
     tag: str,
     buffers: dict[str, float],
@@ -629,15 +623,15 @@ def build(
     math: Math,
     with_step: bool = True,
     decay_mask: Mask | None = None,
-    fused: FusedMath | None = None,
+    fused: Kernel | None = None,
 ) -> GradientTransformation:
     """A transformation whose state holds ``buffers`` (params-shaped, filled with the given
     values), the step count (``with_step``) and the tensor ``hypers``; ``math`` computes one
     step from the leaves (``count`` is ``None`` without a step count). ``hypers`` passed to
     ``math`` also hold, under :data:`DECAY_PICKS`, the positions of the leaves that
     ``decay_mask`` selects for weight decay (None: every leaf). ``fused`` (optional) is the
-    same step on torch's fused kernel, for :func:`tdfunc.optim.step`: it returns the new
-    params' leaves and the new entries, or None when its kernel does not fit the leaves."""
+    same step on torch's fused kernel, for :func:`tdfunc.optim.step` (see
+    :mod:`tdfunc.optim._fused`); it runs when the leaves and hyperparameters fit a kernel."""
     assert tag in TAGS, tag
     tensor_hypers = [n for n, v in hypers.items() if isinstance(v, Tensor)]
     keys = (*buffers, *(("step",) if with_step else ()), *tensor_hypers)
@@ -690,19 +684,21 @@ def build(
         return map_leaves(grads, upd), new_state(state, tag, new)
 
     if fused is not None:
-        run_fused = fused
+        kernel = fused
 
         def fused_step(grads: Any, state: Any, params: Any, donate: bool) -> Any:
             s = open_step(grads, state, params)
             if s.p is None or grads._batch_size:
                 return None
-            out = run_fused(s.g, s.p, s.bufs, s.count, s.h, donate)
-            if out is None:
+            got = fused_inputs(s.g, s.p, s.bufs, s.h, donate)
+            if got is None:
                 return None
-            new_p, new = out
+            lr, wd, new_p, new = got
+            kernel(lr, wd, new_p, s.g, new, s.count, s.h[DECAY_PICKS])
+            entries: dict[str, Any] = dict(new)
             if with_step:
-                new["step"] = s.count + 1
-            return map_leaves(params, new_p), new_state(state, tag, new)
+                entries["step"] = s.count + 1
+            return map_leaves(params, new_p), new_state(state, tag, entries)
 
         update.fused = fused_step  # type: ignore[attr-defined]  # read by optim.step
     return GradientTransformation(init, update)

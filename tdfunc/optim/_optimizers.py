@@ -28,7 +28,7 @@ from ._core import (
     check_hyper,
     is_zero,
 )
-from ._step import fused_inputs, run_groups, steps_tensor
+from ._fused import run_groups, steps_tensor
 
 
 def _direction(
@@ -118,17 +118,14 @@ def sgd(
         return L.mul(d, _neg(h["lr"])), new
 
     def fused(
+        lr_: float,
+        wd: float,
+        out: list[Tensor],
         g: list[Tensor],
-        p: list[Tensor],
-        bufs: dict[str, list[Tensor]],
+        new: dict[str, list[Tensor]],
         count: Tensor,
-        h: dict[str, Any],
-        donate: bool,
-    ) -> tuple[list[Tensor], dict[str, Any]] | None:
-        got = fused_inputs(g, p, bufs, h, donate)
-        if got is None:
-            return None
-        lr_, wd, out, new = got
+        picks: list[int] | None,
+    ) -> None:
         first = bool(count == 0)
 
         def run(ls: list[list[Tensor]], decay: float) -> None:
@@ -136,8 +133,7 @@ def sgd(
                               dampening=dampening, nesterov=nesterov, maximize=maximize,
                               is_first_step=first)  # fmt: skip
 
-        run_groups(run, [out, g, new.get("momentum_buffer", [])], wd, h[DECAY_PICKS])
-        return out, new
+        run_groups(run, [out, g, new.get("momentum_buffer", [])], wd, picks)
 
     buffers = {"momentum_buffer": 0.0} if momentum != 0 else {}
     hypers = {"lr": lr, "weight_decay": weight_decay}
@@ -199,27 +195,23 @@ def _adam(
         return upd, new
 
     def fused(
+        lr_: float,
+        wd: float,
+        out: list[Tensor],
         g: list[Tensor],
-        p: list[Tensor],
-        bufs: dict[str, list[Tensor]],
+        new: dict[str, list[Tensor]],
         count: Tensor,
-        h: dict[str, Any],
-        donate: bool,
-    ) -> tuple[list[Tensor], dict[str, Any]] | None:
-        got = fused_inputs(g, p, bufs, h, donate)
-        if got is None:
-            return None
-        lr_, wd, out, new = got
+        picks: list[int] | None,
+    ) -> None:
         kernel = C.fused_adamw_ if decoupled else C.fused_adam_
         lists = [out, g, new["exp_avg"], new["exp_avg_sq"]]
-        lists += [new["max_exp_avg_sq"] if amsgrad else [], steps_tensor(count, len(p))]
+        lists += [new["max_exp_avg_sq"] if amsgrad else [], steps_tensor(count, len(out))]
 
         def run(ls: list[list[Tensor]], decay: float) -> None:
             kernel(*ls, lr=lr_, beta1=b1, beta2=b2, weight_decay=decay, eps=eps,
                    amsgrad=amsgrad, maximize=maximize)  # fmt: skip
 
-        run_groups(run, lists, wd, h[DECAY_PICKS])
-        return out, new
+        run_groups(run, lists, wd, picks)
 
     buffers = {"exp_avg": 0.0, "exp_avg_sq": 0.0}
     if amsgrad:
@@ -403,24 +395,20 @@ def adagrad(
         return L.mul_(upd, _neg(clr)), {"sum": acc}
 
     def fused(
+        lr_: float,
+        wd: float,
+        out: list[Tensor],
         g: list[Tensor],
-        p: list[Tensor],
-        bufs: dict[str, list[Tensor]],
+        new: dict[str, list[Tensor]],
         count: Tensor,
-        h: dict[str, Any],
-        donate: bool,
-    ) -> tuple[list[Tensor], dict[str, Any]] | None:
-        got = fused_inputs(g, p, bufs, h, donate)
-        if got is None:
-            return None
-        lr_, wd, out, new = got
+        picks: list[int] | None,
+    ) -> None:
 
         def run(ls: list[list[Tensor]], decay: float) -> None:
             C.fused_adagrad_(*ls, lr=lr_, lr_decay=lr_decay, weight_decay=decay, eps=eps,
                                   maximize=maximize)  # fmt: skip
 
-        run_groups(run, [out, g, new["sum"], steps_tensor(count, len(p))], wd, h[DECAY_PICKS])
-        return out, new
+        run_groups(run, [out, g, new["sum"], steps_tensor(count, len(out))], wd, picks)
 
     hypers = {"lr": lr, "weight_decay": weight_decay}
     buffers = {"sum": float(initial_accumulator_value)}
