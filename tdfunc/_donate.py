@@ -279,7 +279,6 @@ class Donating:
     def __init__(
         self, fn: Callable[..., Any], donate: tuple[int, ...], kwargs: dict[str, Any]
     ) -> None:
-        self.fn = fn
         self.donate = donate
         self.name = getattr(fn, "__qualname__", None) or repr(fn)
         self.calls = 0
