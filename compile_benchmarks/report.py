@@ -615,6 +615,17 @@ def replay_section(res: Results) -> list[str]:
     ]
 
 
+def _infos(res: Results, *keys: str) -> list[tuple[str, str, str, str, dict[str, Any]]]:
+    """``(category, workload, mode, contender, extra_info)`` of every row whose ``extra_info``
+    has one of ``keys``, in report order."""
+    return [
+        (cat, workload, mode, name, group[name].info)
+        for (cat, workload, mode), group in sorted(res.rows.items())
+        for name in contender_order(group)
+        if any(k in group[name].info for k in keys)
+    ]
+
+
 def memory_section(res: Results) -> list[str]:
     """Peak memory growth during one step (``extra_info["peak_param_sets"]``).
 
@@ -623,24 +634,20 @@ def memory_section(res: Results) -> list[str]:
         []
     """
     body = []
-    for (cat, workload, mode), group in sorted(res.rows.items()):
-        for name in contender_order(group):
-            info = group[name].info
-            if "peak_param_sets" not in info:
-                continue
-            target = info.get("target")
-            value = info["peak_param_sets"]
-            met = "" if target is None else ("✓" if value <= target + 0.05 else MISS)
-            body.append(
-                [
-                    cat,
-                    workload,
-                    mode,
-                    name,
-                    f"{value:.2f}",
-                    "" if target is None else f"{target} {met}",
-                ]
-            )
+    for cat, workload, mode, name, info in _infos(res, "peak_param_sets"):
+        target = info.get("target")
+        value = info["peak_param_sets"]
+        met = "" if target is None else ("✓" if value <= target + 0.05 else MISS)
+        body.append(
+            [
+                cat,
+                workload,
+                mode,
+                name,
+                f"{value:.2f}",
+                "" if target is None else f"{target} {met}",
+            ]
+        )
     if not body:
         return []
     return [
@@ -663,20 +670,14 @@ def first_call_section(res: Results) -> list[str]:
         []
     """
     body = []
-    for (cat, workload, _mode), group in sorted(res.rows.items()):
-        for name in contender_order(group):
-            info = group[name].info
-            if "cold_s" not in info and "extra_ms" not in info:
-                continue
-            if "extra_ms" in info:  # one call, no compilation: seconds per contender
-                for who, sec in info["first_call_s"].items():
-                    body.append([cat, workload, who, f"{sec:.3f}", "", ""])
-                continue
-            for who, cold in info["cold_s"].items():
-                warm = info["warm_s"][who]
-                body.append(
-                    [cat, workload, who, f"{cold:.1f}", f"{warm:.1f}", f"{warm / cold:.2f}"]
-                )
+    for cat, workload, _mode, _name, info in _infos(res, "cold_s", "extra_ms"):
+        if "extra_ms" in info:  # one call, no compilation: seconds per contender
+            for who, sec in info["first_call_s"].items():
+                body.append([cat, workload, who, f"{sec:.3f}", "", ""])
+            continue
+        for who, cold in info["cold_s"].items():
+            warm = info["warm_s"][who]
+            body.append([cat, workload, who, f"{cold:.1f}", f"{warm:.1f}", f"{warm / cold:.2f}"])
     if not body:
         return []
     return [
@@ -700,11 +701,8 @@ def paired_section(res: Results) -> list[str]:
         []
     """
     body = []
-    for (cat, workload, mode), group in sorted(res.rows.items()):
-        for name in contender_order(group):
-            info = group[name].info
-            if "ratio" not in info or "aa" not in info:
-                continue
+    for cat, workload, mode, name, info in _infos(res, "ratio"):
+        if "aa" in info:
             target = info.get("target")
             met = "" if target is None else ("✓" if info["ratio"] <= target else MISS)
             body.append(
