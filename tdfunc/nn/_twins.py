@@ -51,7 +51,12 @@ def _traced_private_copy(t: Tensor, buffer: bool = False) -> Tensor:
 def _traced_swapped(
     module: torch.nn.Module, swap: dict[str, Tensor], slots: list[Slot]
 ) -> AbstractContextManager[None]:
-    # torch's reparametrisation: Dynamo lets it mutate the module inside higher-order ops
+    # torch's reparametrisation: Dynamo lets it mutate the module inside higher-order ops.
+    # A module Dynamo will not trace (torch 2.15: RNN, GRU, LSTM without ``allow_rnn``) is a
+    # placeholder there whose attributes the reparametrisation cannot read (an internal error);
+    # a method call on it breaks the graph instead, and the swap then runs eagerly. On any
+    # other module the call traces to nothing.
+    module._parameters.keys()
     return reparametrize_module(module, swap, stack_weights=True)
 
 
