@@ -1,0 +1,189 @@
+"""Elementwise arithmetic and reductions: ``binary`` / ``unary`` / ``elementwise`` (with one
+``torch._foreach_*`` call where valid), ``as_operand``, and ``reduce``, ``all_``, ``any_``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._compat import foreach_add, foreach_div, foreach_mul, foreach_sub, is_batchedtensor
+from .._tree import is_node, leaves, map_leaves
+from ._structure import check_batch_invariant, check_same_structure, norm_dim
+
+_is_batched = is_batchedtensor
+
+
+# --------------------------------------------------------------------------------------
+# arithmetic
+# --------------------------------------------------------------------------------------
+_FOREACH: dict[Callable[..., Any], Callable[..., Any]] = {
+    operator.add: foreach_add,
+    operator.sub: foreach_sub,
+    operator.mul: foreach_mul,
+    operator.truediv: foreach_div,
+}
+
+#: ``number op leaf == leaf op number`` for these (same values, same type promotion)
+_COMMUTATIVE = (operator.add, operator.mul)
+
+
+def as_operand(x: Any) -> Any:
+    if isinstance(x, (Tensor, int, float, bool, complex)) or is_node(x):
+        return x
+    if hasattr(x, "__array__"):
+        return torch.as_tensor(x)
+    return x
+
+
+def _can_foreach(ls: list[Tensor]) -> bool:
+    """One ``torch._foreach_*`` call is valid: leaves are not vmapped (foreach has no batching
+    rule) and, when autograd records, share one dtype (foreach autograd rejects mixed lists
+    such as a float leaf that requires grad next to an integer leaf)."""
+    if not ls or any(map(_is_batched, ls)):
+        return False
+    if torch.is_grad_enabled() and any(x.requires_grad for x in ls):
+        d = ls[0].dtype
+        return all(x.dtype == d for x in ls)
+    return True
+
+
+def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
+    """Elementwise ``op(a, b)`` where one or both operands are nodes of the same structure.
+
+    Numbers and same-shaped TensorDict pairs use one ``torch._foreach_*`` call for
+    ``+ - * /`` (per-leaf ops inside ``torch.vmap``, where foreach has no batching rule).
+
+    Example:
+        >>> import operator, torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.ones(2))
+        >>> tdfunc._ops.binary(operator.mul, td, 3)["a"].tolist()
+        [3.0, 3.0]
+    """
+    if is_node(a) and is_node(b):
+        check_same_structure(a, b, f"{getattr(op, '__name__', op)}")
+        la, lb = leaves(a), leaves(b)
+        f = _FOREACH.get(op)
+        if (
+            f is not None
+            and _can_foreach(la)
+            and _can_foreach(lb)
+            and all(x.shape == y.shape for x, y in zip(la, lb))
+        ):
+            return map_leaves(a, f(la, lb))
+        return map_leaves(a, [op(x, y) for x, y in zip(la, lb)])
+    if is_node(a):
+        ls = leaves(a)
+        f = _FOREACH.get(op)
+        if (
+            f is not None
+            and isinstance(b, (int, float))
+            and not isinstance(b, bool)
+            and _can_foreach(ls)
+        ):
+            return map_leaves(a, f(ls, b))
+        out = [op(x, b) for x in ls]
+        if isinstance(b, Tensor) and b.ndim > 0:
+            check_batch_invariant(a, out, a._batch_size, getattr(op, "__name__", "op"))
+        return map_leaves(a, out)
+    ls = leaves(b)
+    if (
+        op in _COMMUTATIVE
+        and isinstance(a, (int, float))
+        and not isinstance(a, bool)
+        and _can_foreach(ls)
+    ):
+        # ``lr * grads``: a number times (plus) every leaf is one foreach call
+        return map_leaves(b, _FOREACH[op](ls, a))
+    out = [op(a, x) for x in ls]
+    if isinstance(a, Tensor) and a.ndim > 0:
+        check_batch_invariant(b, out, b._batch_size, getattr(op, "__name__", "op"))
+    return map_leaves(b, out)
+
+
+def unary(op: Callable[[Tensor], Tensor], node: Any) -> Any:
+    """Elementwise ``op`` on every leaf."""
+    return map_leaves(node, [op(x) for x in leaves(node)])
+
+
+def elementwise(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """Call a torch elementwise function with node arguments replaced by their leaves."""
+    nodes = [a for a in args if is_node(a)]
+    ref = nodes[0]
+    for n in nodes[1:]:
+        check_same_structure(ref, n, getattr(func, "__name__", "op"))
+    cols = [leaves(a) if is_node(a) else None for a in args]
+    n_leaves = len(next(c for c in cols if c is not None))
+    out = []
+    for i in range(n_leaves):
+        call_args = [c[i] if c is not None else a for a, c in zip(args, cols)]
+        out.append(func(*call_args, **kwargs))
+    check_batch_invariant(ref, out, ref._batch_size, getattr(func, "__name__", "op"))
+    return map_leaves(ref, out)
+
+
+# --------------------------------------------------------------------------------------
+# reductions
+# --------------------------------------------------------------------------------------
+def _dims_arg(dim: Any, bs: torch.Size) -> tuple[int, ...]:
+    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+    out = tuple(sorted({norm_dim(d, len(bs), bs) for d in dims}))
+    return out
+
+
+def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
+    """Reduce every leaf with ``torch.<name>``.
+
+    With ``dim=None`` each leaf is reduced whole (the result has ``batch_size=()``, 0-d leaves);
+    with ``dim`` (an int or a tuple of batch dims) only those batch dims are reduced.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.ones(4, 3), batch_size=[4])
+        >>> td.sum(dim=0)["a"].tolist(), td.sum()["a"].item()
+        ([4.0, 4.0, 4.0], 12.0)
+    """
+    fn = getattr(torch, name)
+    ls = leaves(node)
+    if dim is None:
+        out = [fn(x, **kwargs) for x in ls]
+        return map_leaves(node, out, torch.Size(()), keep_extra=False)
+    bs = node._batch_size
+    dims = _dims_arg(dim, bs)
+    if name == "prod":
+        out = []
+        for x in ls:
+            for d in reversed(dims):
+                x = torch.prod(x, d, keepdim=keepdim, **kwargs)
+            out.append(x)
+    else:
+        out = [fn(x, dims, keepdim=keepdim, **kwargs) for x in ls]
+    if keepdim:
+        new_bs = torch.Size([1 if i in dims else s for i, s in enumerate(bs)])
+    else:
+        new_bs = torch.Size([s for i, s in enumerate(bs) if i not in dims])
+    return map_leaves(node, out, new_bs)
+
+
+def all_(node: Any, dim: Any = None) -> Any:
+    """0-d bool tensor: every element of every leaf is true (or a node reduced over ``dim``)."""
+    if dim is not None:
+        return reduce(node, "all", dim)
+    ls = leaves(node)
+    if not ls:
+        return torch.tensor(True)
+    return torch.stack([x.all() for x in ls]).all()
+
+
+def any_(node: Any, dim: Any = None) -> Any:
+    """0-d bool tensor: some element of some leaf is true (or a node reduced over ``dim``)."""
+    if dim is not None:
+        return reduce(node, "any", dim)
+    ls = leaves(node)
+    if not ls:
+        return torch.tensor(False)
+    return torch.stack([x.any() for x in ls]).any()
