@@ -13,7 +13,7 @@ from ._keys import fmt_key
 from ._tree import KeyPath, is_node
 
 if TYPE_CHECKING:  # served lazily by __getattr__ below
-    from .distributed._launch import RankError, launch
+    from .distributed._common.launch import RankError, launch
 
 
 def assert_close(
@@ -82,7 +82,7 @@ def __getattr__(name: str) -> Any:
     # launch / RankError: a local multi-process runner with deadlines (for tests of code that
     # uses torch.distributed). Loaded on first use: it imports torch.distributed.tensor.
     if name in ("launch", "RankError"):
-        from .distributed import _launch
+        from .distributed._common import launch as _launch
 
         return getattr(_launch, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

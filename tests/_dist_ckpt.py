@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 import tdfunc
 from tdfunc import distributed as tdd
 from tdfunc import tensorclass
-from tdfunc.distributed import _ckpt_store as store
+from tdfunc.distributed._checkpoint import store
 
 
 @tensorclass

@@ -23,8 +23,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 
 import tdfunc
 from tdfunc import distributed as tdd
-from tdfunc.distributed import _plan as _dist_plan
-from tdfunc.distributed import _transfer as wire
+from tdfunc.distributed._common import wire
+from tdfunc.distributed._redistribute import plan as _dist_plan
 
 
 # --------------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ import torch
 
 import tdfunc
 from tdfunc import distributed as tdd
-from tdfunc.distributed import _checkpoint as ck
-from tdfunc.distributed import _ckpt_store as store
-from tdfunc.distributed import _errors as E
+from tdfunc.distributed._checkpoint import api as ck
+from tdfunc.distributed._checkpoint import store
+from tdfunc.distributed._common import errors as E
 
 Corrupt = tdd.CheckpointCorruptError
 

@@ -23,11 +23,11 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from tdfunc import distributed as tdd
-from tdfunc.distributed import _errors as E
-from tdfunc.distributed import _placements as codec
-from tdfunc.distributed import _plan as P
-from tdfunc.distributed import _transfer as wire
-from tdfunc.distributed._launch import free_port
+from tdfunc.distributed._common import errors as E
+from tdfunc.distributed._common import placements as codec
+from tdfunc.distributed._common import wire
+from tdfunc.distributed._common.launch import free_port
+from tdfunc.distributed._redistribute import plan as P
 from tdfunc.testing import RankError, launch
 
 pytestmark = pytest.mark.slow
@@ -251,7 +251,7 @@ def test_launcher_reports_failing_rank() -> None:
 
 
 def test_launcher_deadline_kills(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tdfunc.distributed import _launch
+    from tdfunc.distributed._common import launch as _launch
 
     monkeypatch.setenv(_launch.TIMEOUT_SCALE_ENV, "1")  # the deadline as given, however loaded
     t = time.monotonic()
@@ -266,7 +266,7 @@ def test_launcher_deadline_kills(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_launch_deadlines_scale(monkeypatch: pytest.MonkeyPatch) -> None:
     """A shared machine: every deadline is TDFUNC_LAUNCH_TIMEOUT_SCALE times longer (or the
     load per core when it is unset), so a busy CI machine does not fail launches."""
-    from tdfunc.distributed import _launch
+    from tdfunc.distributed._common import launch as _launch
 
     monkeypatch.setenv(_launch.TIMEOUT_SCALE_ENV, "3")
     assert _launch.deadline_scale() == 3.0

@@ -23,10 +23,10 @@ from safetensors.torch import load_file
 
 import tdfunc
 from tdfunc import distributed as tdd
-from tdfunc.distributed import _checkpoint as ck
-from tdfunc.distributed import _ckpt_store as store
-from tdfunc.distributed import _errors as E
-from tdfunc.distributed._launch import free_port
+from tdfunc.distributed._checkpoint import api as ck
+from tdfunc.distributed._checkpoint import store
+from tdfunc.distributed._common import errors as E
+from tdfunc.distributed._common.launch import free_port
 from tdfunc.testing import RankError, launch
 
 pytestmark = pytest.mark.slow
@@ -525,7 +525,7 @@ def test_export_loads_in_transformers(tmp_path: Path) -> None:
     ],
 )
 def test_backend_of_a_partial_source(name: str, device: str, backend: str) -> None:
-    from tdfunc.distributed._sync import REDUCIBLE, backend_for
+    from tdfunc.distributed._transfer.session import REDUCIBLE, backend_for
 
     assert backend_for(name, device) == backend
     assert torch.int16 not in REDUCIBLE[backend]

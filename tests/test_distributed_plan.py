@@ -20,8 +20,8 @@ import _dist_workers as W
 import pytest
 from torch.distributed.tensor import Replicate, Shard
 
-from tdfunc.distributed import _errors as E
 from tdfunc.distributed import transfer_plan
+from tdfunc.distributed._common import errors as E
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,8 @@ import torch
 from torch.distributed.tensor import Replicate, Shard
 
 from tdfunc import distributed as tdd
-from tdfunc.distributed import _errors as E
-from tdfunc.distributed import _transfer as wire
+from tdfunc.distributed._common import errors as E
+from tdfunc.distributed._common import wire
 from tdfunc.testing import RankError, launch
 
 pytestmark = pytest.mark.slow
@@ -151,7 +151,7 @@ def test_bad_timeout_is_refused_before_any_message(silent: list[dict[str, Any]])
 
 def test_transfer_tags_are_distinct() -> None:
     tags = [wire.HEADER_TAG, wire.REPLY_TAG, wire.TEXT_TAG, wire.DATA_TAG]
-    from tdfunc.distributed import _agree
+    from tdfunc.distributed._common import agree as _agree
 
     tags += [_agree.AGREE_TAG, _agree.VERDICT_TAG]
     assert len(set(tags)) == len(tags)
@@ -228,12 +228,12 @@ def test_public_api_is_the_operations() -> None:
     ("name", "home"),
     [
         ("launch", "tdfunc.testing"),
-        ("free_port", "tdfunc.distributed._launch"),
+        ("free_port", "tdfunc.distributed._common.launch"),
         ("RankError", "tdfunc.testing"),
-        ("encode_placement", "tdfunc.distributed._placements"),
-        ("encode_placements", "tdfunc.distributed._placements"),
-        ("decode_placement", "tdfunc.distributed._placements"),
-        ("decode_placements", "tdfunc.distributed._placements"),
+        ("encode_placement", "tdfunc.distributed._common.placements"),
+        ("encode_placements", "tdfunc.distributed._common.placements"),
+        ("decode_placement", "tdfunc.distributed._common.placements"),
+        ("decode_placements", "tdfunc.distributed._common.placements"),
     ],
 )
 def test_moved_names_are_deprecated_aliases(name: str, home: str) -> None:
@@ -255,7 +255,7 @@ def test_unknown_names_still_raise_attribute_error() -> None:
 
 def test_placement_spec_keys_use_the_core_key_rules() -> None:
     from tdfunc._keys import as_path
-    from tdfunc.distributed._placements import resolve
+    from tdfunc.distributed._common.placements import resolve
 
     pairs = [(("a",), torch.zeros(2)), (("n", "b"), torch.zeros(2))]
     got = resolve(
@@ -291,7 +291,7 @@ def _td() -> Any:
 def test_rebatch_keeps_every_node_valid(
     a: tuple[int, ...], c: tuple[int, ...], root: list[int], nested: list[int]
 ) -> None:
-    from tdfunc.distributed._mesh import rebatch
+    from tdfunc.distributed._common.mesh import rebatch
 
     td = _td()
     out = rebatch(td, [torch.ones(a), torch.ones(c)])

@@ -23,9 +23,9 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
 import tdfunc
-from tdfunc.distributed import _errors as E
 from tdfunc.distributed import transfer_plan
-from tdfunc.distributed._xplan import Grid, as_grid, plan_for
+from tdfunc.distributed._common import errors as E
+from tdfunc.distributed._transfer.plan import Grid, as_grid, plan_for
 
 
 # --------------------------------------------------------------------------------------
@@ -388,7 +388,7 @@ def _values(spec: Any, seed: int) -> torch.Tensor:
 def move(plan: Any, seed: int = 0, compiled: dict[int, Any] | None = None) -> int:
     """Run ``plan``'s data path for every rank in this process; assert every receiver gets
     exactly its target shard. ``compiled``: rank -> (pack, unpack) functions to use."""
-    from tdfunc.distributed import _cross as X
+    from tdfunc.distributed._transfer import handshake as X
 
     fulls = [_values(s, seed + i) for i, s in enumerate(plan.leaves)]
     sg, dg = plan.src_mesh, plan.dst_mesh
@@ -454,7 +454,7 @@ def test_pack_unpack_every_rank(src: Any, sp: Any, dst: Any, dp: Any) -> None:
 def test_pack_unpack_compiled_one_graph_per_rank() -> None:
     """The cached compiled graphs: one frame per rank and side, equal to eager, and no
     recompile on the next step with new values."""
-    from tdfunc.distributed import _cross as X
+    from tdfunc.distributed._transfer import handshake as X
 
     shapes = {f"l{i}": s for i, s in enumerate([(8, 6), (5, 7), (3, 1), (9, 4), (4, 4), (7, 3)])}
     plan = transfer_plan(
@@ -483,7 +483,7 @@ def test_pack_unpack_compiled_one_graph_per_rank() -> None:
 
 
 def test_pieces_reassemble_by_guillotine_cuts() -> None:
-    from tdfunc.distributed._cross import assemble
+    from tdfunc.distributed._transfer.handshake import assemble
 
     full = torch.arange(24.0).reshape(4, 6)
     parts = [
@@ -517,7 +517,7 @@ def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def test_cache_clear_drops_plans_and_graphs() -> None:
     from tdfunc import distributed as tdd
-    from tdfunc.distributed import _cross as X
+    from tdfunc.distributed._transfer import handshake as X
 
     plan = transfer_plan({"x": (4, 6)}, [0, 1], [Shard(0)], [2], [Replicate()])
     X.compiled_pack(plan.key, 0, "eager")

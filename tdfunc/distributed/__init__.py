@@ -50,24 +50,25 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _deprecate
-from ._checkpoint import (
+from ._checkpoint.api import (
     PendingSave,
     checkpoint_digest,
     export_safetensors,
     load_checkpoint,
     save_checkpoint,
 )
-from ._errors import (
+from ._common.caches import cache_clear
+from ._common.errors import (
     CheckpointConflictError,
     CheckpointCorruptError,
     CheckpointDigestError,
     CheckpointError,
 )
-from ._local import distribute, from_local, to_local
-from ._p2p import DEFAULT_TIMEOUT, recv, send
-from ._redist import DEFAULT_BACKEND, cache_clear, full_tensor, redistribute
-from ._sync import Transfer
-from ._xplan import Traffic, TransferPlan, transfer_plan
+from ._redistribute.local import distribute, from_local, to_local
+from ._redistribute.redistribute import DEFAULT_BACKEND, full_tensor, redistribute
+from ._transfer.p2p import DEFAULT_TIMEOUT, recv, send
+from ._transfer.plan import Traffic, TransferPlan, transfer_plan
+from ._transfer.session import Transfer
 
 _LAUNCH = ("launch", "free_port", "RankError")
 _CODECS = ("encode_placement", "encode_placements", "decode_placement", "decode_placements")
@@ -78,19 +79,24 @@ def _late(module: str, name: str) -> Callable[[], Any]:
     return lambda: getattr(importlib.import_module(module, __name__), name)
 
 
-_TEST_HELPER = "tdfunc.distributed._launch.{} (a test helper, not part of the API)"
+_TEST_HELPER = "tdfunc.distributed._common.launch.{} (a test helper, not part of the API)"
 _TESTING = "tdfunc.testing.{} (the test launcher)"
-_CODEC = "send / recv, which encode placements themselves (tdfunc.distributed._placements.{})"
+_CODEC = (
+    "send / recv, which encode placements themselves (tdfunc.distributed._common.placements.{})"
+)
 
 #: names that left the public API: deprecated aliases for one release
 __getattr__ = _deprecate.module_getattr(
     __name__,
     {
         **{
-            n: (_late("._launch", n), (_TESTING if n != "free_port" else _TEST_HELPER).format(n))
+            n: (
+                _late("._common.launch", n),
+                (_TESTING if n != "free_port" else _TEST_HELPER).format(n),
+            )
             for n in _LAUNCH
         },
-        **{n: (_late("._placements", n), _CODEC.format(n)) for n in _CODECS},
+        **{n: (_late("._common.placements", n), _CODEC.format(n)) for n in _CODECS},
     },
 )
 

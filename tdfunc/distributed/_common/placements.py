@@ -8,9 +8,9 @@ from typing import Any, Protocol, cast
 from torch import Tensor
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
-from .._compat import StridedShard
-from .._keys import KeyPath, as_path, fmt_key
-from . import _errors as E
+from ..._compat import StridedShard
+from ..._keys import KeyPath, as_path, fmt_key
+from . import errors as E
 
 #: A placement spec: one sequence for every leaf, a mapping from key paths (a string or a
 #: tuple of strings; a nested container's path covers every leaf below it) to sequences, or a
@@ -25,7 +25,7 @@ Placements = tuple[Placement, ...]
 
 class MeshShape(Protocol):
     """What placement checks read from a mesh: a ``DeviceMesh`` or a rank array
-    (:class:`~._xplan.Grid`)."""
+    (:class:`~.._transfer.plan.Grid`)."""
 
     @property
     def ndim(self) -> int: ...

@@ -11,9 +11,9 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from .._keys import fmt_key, get_path
-from .._tree import KeyPath, is_node, leaves_with_paths, map_leaves
-from . import _errors as E
+from ..._keys import fmt_key, get_path
+from ..._tree import KeyPath, is_node, leaves_with_paths, map_leaves
+from . import errors as E
 
 
 def check_node(node: Any, op: str) -> None:

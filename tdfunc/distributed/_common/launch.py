@@ -38,7 +38,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from . import _errors as E
+from . import errors as E
 
 #: error texts of a rank that lost its peers: the failure of another rank caused them
 PEER_LOSS_MARKERS = (
@@ -82,7 +82,7 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0).
 
     Example:
-        >>> from tdfunc.distributed._launch import free_port
+        >>> from tdfunc.distributed._common.launch import free_port
         >>> 0 < free_port() < 65536
         True
     """

@@ -20,7 +20,7 @@ followed by JSON text (never pickle), on tags of their own:
    (a rank whose own argument was wrong raises its own ``KeyError`` / ``TypeError`` /
    ``ValueError``); nobody waits for data that will not come.
 
-Every rank then derives the same :class:`~._xplan.TransferPlan` (cached by layout).
+Every rank then derives the same :class:`~.plan.TransferPlan` (cached by layout).
 
 Data (every step)
 -----------------
@@ -46,16 +46,17 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from .._compat import DTensorSpec, TensorMeta, pytree
-from .._keys import KeyPath, fmt_key
-from .._tree import leaves_with_paths
-from . import _errors as E
-from . import _placements as codec
-from . import _plan as plan_mod
-from . import _transfer as wire
-from ._agree import _hash
-from ._mesh import check_node, common_mesh
-from ._xplan import (
+from ..._compat import DTensorSpec, TensorMeta, pytree
+from ..._keys import KeyPath, fmt_key
+from ..._tree import leaves_with_paths
+from .._common import errors as E
+from .._common import placements as codec
+from .._common import wire
+from .._common.agree import _hash
+from .._common.caches import register
+from .._common.mesh import check_node, common_mesh
+from .._redistribute import plan as plan_mod
+from .plan import (
     Grid,
     LayoutKey,
     as_grid,
@@ -435,6 +436,7 @@ class RecvSide(NamedTuple):
     device: str
 
 
+@register
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def send_side(key: LayoutKey, rank: int) -> SendSide:
     """The :class:`SendSide` of ``rank`` in the plan of ``key``."""
@@ -447,6 +449,7 @@ def send_side(key: LayoutKey, rank: int) -> SendSide:
     )
 
 
+@register
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def recv_side(key: LayoutKey, rank: int, device: str) -> RecvSide:
     """The :class:`RecvSide` of ``rank`` in the plan of ``key``."""
@@ -544,6 +547,7 @@ def assemble(
     raise AssertionError("pieces of a transfer plan that admit no guillotine cut")
 
 
+@register
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def compiled_pack(key: LayoutKey, rank: int, backend: Any) -> Callable[..., list[Tensor]]:
     """The cached ``torch.compile(fullgraph=True)`` of :func:`pack` for one rank of a plan
@@ -551,6 +555,7 @@ def compiled_pack(key: LayoutKey, rank: int, backend: Any) -> Callable[..., list
     return _compile(pack, send_side(key, rank), backend, "tdfunc_transfer_pack")
 
 
+@register
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def compiled_unpack(
     key: LayoutKey, rank: int, device: str, backend: Any
@@ -623,6 +628,7 @@ def box_results(
     return out
 
 
+@register
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def _specs(key: LayoutKey, mesh: DeviceMesh) -> tuple[DTensorSpec | None, ...]:
     out: list[DTensorSpec | None] = []

@@ -11,14 +11,14 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_tensor
 
-from .._keys import fmt_key, walk
-from .._tree import KeyPath, Node, leaves_with_paths, map_leaves
-from . import _errors as E
-from . import _plan as plan_mod
-from . import _transfer as wire
-from ._agree import check, placements_of, reject
-from ._mesh import check_node, describe_mesh, rebatch
-from ._placements import PlacementSpec, normalize, resolve
+from ..._keys import fmt_key, walk
+from ..._tree import KeyPath, Node, leaves_with_paths, map_leaves
+from .._common import errors as E
+from .._common import wire
+from .._common.agree import check, placements_of, reject
+from .._common.mesh import check_node, describe_mesh, rebatch
+from .._common.placements import PlacementSpec, normalize, resolve
+from . import plan as plan_mod
 
 #: a container type (TensorDict or a tensorclass): functions return the type they are given
 T = TypeVar("T", bound=Node)

@@ -11,8 +11,9 @@ The digest is a few 64-bit hashes (operation, mesh, key paths, global shapes, dt
 and target placements; never the local shapes, which differ by rank). The mesh's first rank
 collects them point to point (a tag of its own, so nothing else can match these messages)
 and sends every rank the verdict: ``2 (n - 1)`` small messages for a mesh of ``n`` ranks.
-:func:`agreed_plan` (used by ``redistribute`` and ``full_tensor``) remembers the transitions the
-mesh agreed on, so the check costs nothing on the next calls: it runs once per cached transition.
+``agreed_plan`` (in ``_redistribute/redistribute.py``: ``redistribute`` and ``full_tensor``)
+remembers the transitions the mesh agreed on, so the check costs nothing on the next calls: it
+runs once per cached transition.
 The price: a rank that repeats an agreed transition does not check again, so if another rank
 asks for something new at that moment, the two wait for each other until the process group's
 timeout (both then raise, the checking rank with a message that says so; data never mixes).
@@ -23,7 +24,6 @@ they raise too instead of waiting in a collective.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -32,12 +32,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from .._keys import KeyPath, fmt_key
-from . import _errors as E
-from . import _plan as plan_mod
-from . import _transfer as wire
-from ._mesh import describe_mesh
-from ._plan import LeafSig, Plan
+from ..._keys import KeyPath, fmt_key
+from . import errors as E
+from . import wire
+from .mesh import describe_mesh
 
 AGREE_TAG = wire.TAG_BASE + 0x1001
 VERDICT_TAG = wire.TAG_BASE + 0x1002
@@ -55,7 +53,6 @@ FIELDS = (
 #: ranks named in a verdict (it has a fixed size)
 MAX_LISTED = 8
 VERDICT_LEN = 3 + 2 * MAX_LISTED
-CACHE_SIZE = 512
 
 
 def _hash(obj: Any) -> int:
@@ -177,45 +174,6 @@ def check(
                 mine=_describe(fields[0], values, paths),
             )
         )
-
-
-@functools.lru_cache(maxsize=CACHE_SIZE)
-def agreed_plan(
-    op: str, mesh: DeviceMesh, paths: tuple[KeyPath, ...], sigs: tuple[LeafSig, ...]
-) -> tuple[Plan, tuple[int, ...], tuple[Any, ...]]:
-    """The plan of a redistribution, checked across the ranks: once per transition.
-
-    Memoized by ``(op, mesh, key paths, leaf signatures)``: a cache hit costs one lookup (the
-    same hashing the plan cache needs anyway), and the comparable text is only built on a
-    miss. Returns ``(plan, order, specs)`` as :func:`~._plan.cached_plan`; ``ValueError`` for
-    a leaf whose local shard does not fit (after telling the other ranks) or ranks that
-    disagree.
-    """
-    plan, order, bad, specs = plan_mod.cached_plan(mesh, sigs)
-    if bad is not None:
-        reject(op, mesh)
-        sig = sigs[bad.position]
-        raise ValueError(
-            E.LOCAL_SHAPE.format(
-                key=fmt_key(paths[bad.position]),
-                local=sig.local,
-                shape=sig.shape,
-                placements=list(sig.src),
-                mesh_shape=tuple(mesh.shape),
-                expected=bad.expected,
-            )
-        )
-    check(
-        op,
-        "redistribute",
-        mesh,
-        paths,
-        tuple(s.shape for s in sigs),
-        tuple(s.dtype for s in sigs),
-        placements_of([s.src for s in sigs]),
-        placements_of([s.dst for s in sigs]),
-    )
-    return plan, order, specs
 
 
 def _fields(

@@ -44,10 +44,11 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
-from .._keys import KeyPath, as_path, fmt_key
-from .._tree import is_node, leaves_with_paths
-from . import _errors as E
-from ._placements import normalize, resolve
+from ..._keys import KeyPath, as_path, fmt_key
+from ..._tree import is_node, leaves_with_paths
+from .._common import errors as E
+from .._common.caches import register
+from .._common.placements import normalize, resolve
 
 Box = tuple[tuple[int, int], ...]
 Kind = tuple[Any, ...]
@@ -395,6 +396,7 @@ def _serve_box(
     return b
 
 
+@register
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def plan_for(key: LayoutKey) -> TransferPlan:
     """The :class:`TransferPlan` of a layout, memoized by value."""

@@ -10,17 +10,16 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
-from .._tree import leaves_with_paths
-from . import _cross as cross
-from . import _errors as E
-from . import _placements as codec
-from . import _plan as plan_mod
-from . import _sync
-from . import _transfer as wire
-from ._mesh import check_node, common_mesh
-from ._placements import PlacementSpec
-from ._redist import DEFAULT_BACKEND, dtensor_pairs, full_tensor, redistribute
-from ._sync import Transfer
+from ..._tree import leaves_with_paths
+from .._common import errors as E
+from .._common import placements as codec
+from .._common import wire
+from .._common.mesh import check_node, common_mesh
+from .._common.placements import PlacementSpec
+from .._redistribute import plan as plan_mod
+from .._redistribute.redistribute import DEFAULT_BACKEND, dtensor_pairs, full_tensor, redistribute
+from . import handshake as cross
+from .session import Transfer, check_timeout
 
 #: seconds each step of :func:`send` / :func:`recv` waits for the peer unless ``timeout=``
 #: says otherwise (``None``: the process group's timeout, 30 minutes by default).
@@ -28,7 +27,7 @@ DEFAULT_TIMEOUT = wire.DEFAULT_TIMEOUT
 
 #: ``ValueError`` unless ``timeout`` is None or a positive number of seconds (checked before
 #: any message, so the peer sees this rank as silent and times out naming it)
-_check_timeout = _sync.check_timeout
+_check_timeout = check_timeout
 
 
 _reason = cross.reason

@@ -20,7 +20,7 @@ Nothing read runs code
     global tensor, its file, the offset and size of its raw bytes inside the archive, and
     the SHA-256 of its dtype, shape and bytes); a load builds DCP's ``Metadata`` from it,
     lets DCP's planner decide which chunks each rank needs, and reads them as raw bytes
-    (``_ckpt_store.Reader``), after checking the manifest against the format and the files
+    (``store.Reader``), after checking the manifest against the format and the files
     (regular files only, no symlink, sizes, chunks inside their files, tiling their leaves,
     no shared bytes, depth and size limits). Saving hashes each tensor in a background pool
     while DCP writes it and the files are synced, so the checksums cost no extra pass over
@@ -81,17 +81,17 @@ from torch import Tensor
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Partial
 
-from .._compat import is_traceable_wrapper_subclass, pytree
-from .._errors import StructureError
-from .._keys import fmt_key
-from .._ops import check_same_structure
-from .._tree import KeyPath, Node, leaves_with_paths, map_leaves
-from . import _ckpt_store as store
-from . import _errors as E
-from . import _transfer as wire
-from ._ckpt_store import Manifest, Reader, Writer, check_target
-from ._mesh import check_node
-from ._placements import encode_placements
+from ..._compat import is_traceable_wrapper_subclass, pytree
+from ..._errors import StructureError
+from ..._keys import fmt_key
+from ..._ops import check_same_structure
+from ..._tree import KeyPath, Node, leaves_with_paths, map_leaves
+from .._common import errors as E
+from .._common import wire
+from .._common.mesh import check_node
+from .._common.placements import encode_placements
+from . import store
+from .store import Manifest, Reader, Writer, check_target
 
 _OK, _REJECTED = 0, 1
 
@@ -736,7 +736,7 @@ def export_safetensors(
         >>> tdfunc.load_safetensors(os.path.join(d, "w.safetensors"))["w"].tolist()
         [1.0, 1.0]
     """
-    from .. import save_safetensors
+    from ... import save_safetensors
 
     target = os.fspath(file)
     if os.path.exists(target) and not overwrite:

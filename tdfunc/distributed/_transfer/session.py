@@ -1,5 +1,5 @@
 """:class:`Transfer`: a planned, reusable transfer of a sharded container between two meshes
-(the protocol is in :mod:`._cross`, the planner in :mod:`._xplan`)."""
+(the protocol is in :mod:`.handshake`, the planner in :mod:`.plan`)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,15 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial
 
-from .._compat import pytree
-from .._keys import fmt_key
-from .._tree import is_node, leaves_with_paths
-from . import _cross as X
-from . import _errors as E
-from . import _transfer as wire
-from ._mesh import describe_mesh
-from ._xplan import Grid, Traffic, TransferPlan, as_grid, plan_for
-
-DEFAULT_BACKEND = "aot_eager"
+from ..._compat import pytree
+from ..._keys import fmt_key
+from ..._tree import is_node, leaves_with_paths
+from .._common import errors as E
+from .._common import wire
+from .._common.mesh import describe_mesh
+from .._redistribute.redistribute import DEFAULT_BACKEND, redistribute
+from . import handshake as X
+from .plan import Grid, Traffic, TransferPlan, as_grid, plan_for
 
 
 def check_timeout(timeout: Any) -> None:
@@ -342,8 +341,6 @@ class Transfer:
                 E.PLAN_STEP_LAYOUT.format(rank=self.rank, what=_sig_diff(self._sig, sig))
             )
         if self._reduce:
-            from ._redist import redistribute
-
             td = redistribute(
                 td,
                 lambda path, x: self._reduce.get(path),

@@ -1,4 +1,4 @@
-"""The files of a checkpoint (see ``_checkpoint.py`` for the design): the version folders,
+"""The files of a checkpoint (see ``api.py`` for the design): the version folders,
 ``checkpoint.json`` and its atomic commit, the manifest (tdfunc's own JSON description of
 every chunk DCP wrote, with a SHA-256 of its bytes), DCP's file writer wrapped to record it,
 and a reader that never hands anything of the directory to ``pickle``.
@@ -49,9 +49,9 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from .._tree import is_node, leaves_with_paths
-from . import _errors as E
-from . import _transfer as wire
+from ..._tree import is_node, leaves_with_paths
+from .._common import errors as E
+from .._common import wire
 
 FORMAT = "tdfunc.checkpoint"
 VERSION = 2
@@ -490,7 +490,7 @@ class Writer(FileSystemWriter):
             if not isinstance(t, Tensor):
                 raise E.CheckpointError(E.CKPT_LEAF_TYPE.format(key=item.index.fqn, typ="bytes"))
             t = t.detach().cpu()
-            if not t.is_contiguous():  # _checkpoint._plain makes every leaf contiguous
+            if not t.is_contiguous():  # api._plain makes every leaf contiguous
                 raise E.CheckpointError(
                     E.CKPT_ITEM_LAYOUT.format(path=self._root, file=item.index.fqn, offset=0)
                 )

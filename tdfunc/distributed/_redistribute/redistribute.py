@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,20 +12,61 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate
 
-from .._keys import fmt_key
-from .._tree import KeyPath, leaves_with_paths, map_leaves
-from . import _cross as cross
-from . import _errors as E
-from . import _plan as plan_mod
-from . import _sync
-from . import _xplan as xplan
-from ._agree import agreed_plan, reject
-from ._local import T, leaf_targets, rank_in
-from ._mesh import check_node, common_mesh
-from ._placements import PlacementSpec
+from ..._keys import fmt_key
+from ..._tree import KeyPath, leaves_with_paths, map_leaves
+from .._common import errors as E
+from .._common.agree import check, placements_of, reject
+from .._common.caches import register
+from .._common.mesh import check_node, common_mesh
+from .._common.placements import PlacementSpec
+from . import plan as plan_mod
+from .local import T, leaf_targets, rank_in
+from .plan import LeafSig, Plan
 
 #: torch.compile backend of the redistribution graphs unless ``backend=`` says otherwise.
-DEFAULT_BACKEND = _sync.DEFAULT_BACKEND
+DEFAULT_BACKEND = "aot_eager"
+#: agreed transitions remembered per mesh (see :func:`agreed_plan`)
+CACHE_SIZE = 512
+
+
+@register
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def agreed_plan(
+    op: str, mesh: DeviceMesh, paths: tuple[KeyPath, ...], sigs: tuple[LeafSig, ...]
+) -> tuple[Plan, tuple[int, ...], tuple[Any, ...]]:
+    """The plan of a redistribution, checked across the ranks: once per transition.
+
+    Memoized by ``(op, mesh, key paths, leaf signatures)``: a cache hit costs one lookup (the
+    same hashing the plan cache needs anyway), and the comparable text is only built on a
+    miss. Returns ``(plan, order, specs)`` as :func:`~.plan.cached_plan`; ``ValueError`` for
+    a leaf whose local shard does not fit (after telling the other ranks) or ranks that
+    disagree.
+    """
+    plan, order, bad, specs = plan_mod.cached_plan(mesh, sigs)
+    if bad is not None:
+        reject(op, mesh)
+        sig = sigs[bad.position]
+        raise ValueError(
+            E.LOCAL_SHAPE.format(
+                key=fmt_key(paths[bad.position]),
+                local=sig.local,
+                shape=sig.shape,
+                placements=list(sig.src),
+                mesh_shape=tuple(mesh.shape),
+                expected=bad.expected,
+            )
+        )
+    check(
+        op,
+        "redistribute",
+        mesh,
+        paths,
+        tuple(s.shape for s in sigs),
+        tuple(s.dtype for s in sigs),
+        placements_of([s.src for s in sigs]),
+        placements_of([s.dst for s in sigs]),
+    )
+    return plan, order, specs
 
 
 def _run(
@@ -217,19 +259,3 @@ def full_tensor(td: T, *, compile: bool = True, backend: Any = DEFAULT_BACKEND) 
     for i, y in zip(idx, moved):
         new[i] = y
     return map_leaves(td, new)
-
-
-def cache_clear() -> None:
-    """Drop the cached redistribution plans and graphs (they are rebuilt on next use).
-
-    Example:
-        >>> from tdfunc.distributed import cache_clear
-        >>> cache_clear()
-    """
-    plan_mod.compiled.cache_clear()
-    plan_mod.cached_plan.cache_clear()
-    agreed_plan.cache_clear()
-    xplan.plan_for.cache_clear()
-    for fn in (cross.send_side, cross.recv_side, cross.compiled_pack, cross.compiled_unpack):
-        fn.cache_clear()
-    cross._specs.cache_clear()

@@ -37,7 +37,8 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from .._compat import DTensorSpec, TensorMeta
+from ..._compat import DTensorSpec, TensorMeta
+from .._common.caches import register
 
 Placements = tuple[Placement, ...]
 
@@ -226,6 +227,7 @@ def build_plan(
     return Plan(mesh, tuple(groups)), tuple(order), None
 
 
+@register
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def cached_plan(
     mesh: DeviceMesh, sigs: tuple[LeafSig, ...]
@@ -469,6 +471,7 @@ def run_plan(
     return out
 
 
+@register
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def compiled(plan: Plan, backend: Any) -> Callable[[Sequence[Tensor]], list[Tensor]]:
     """One ``torch.compile(fullgraph=True)`` function per (plan, backend), cached by value:

@@ -38,10 +38,10 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from .._compat import pytree
-from .._keys import KeyPath, fmt_key
-from . import _errors as E
-from ._placements import encode_placements
+from ..._compat import pytree
+from ..._keys import KeyPath, fmt_key
+from . import errors as E
+from .placements import encode_placements
 
 MAGIC = 0x7464665F  # "tdf_"
 VERSION = 2
