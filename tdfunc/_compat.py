@@ -44,6 +44,8 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | torch_while_loop (lazy)        | torch._higher_order_ops.while_loop.while_loop          | ok   | ok   | ok   | none yet (4)       |
 | DTensorSpec, TensorMeta (lazy) | torch.distributed.tensor._dtensor_spec.(same names)    | ok   | ok   | ok   | none yet           |
 | StridedShard (lazy)            | torch.distributed.tensor.placement_types._StridedShard | ok   | ok   | ok   | none yet           |
+| functional_collectives (lazy)  | torch.distributed._functional_collectives (module:     | ok   | ok   | ok   | none yet           |
+|                                | all_gather_single, reduce_scatter_single, all_reduce)  |      |      |      |                    |
 
 (1) torch >= 2.14 raises ``RuntimeError`` for Python tensor subclasses (``FakeTensor``); the
     shim answers ``False`` for any tensor with Python dispatch, as torch's own guards do.
@@ -384,6 +386,16 @@ def torch_while_loop() -> Callable[..., Any]:
     return while_loop
 
 
+def functional_collectives() -> Any:
+    """torch's traceable collectives (``torch.distributed._functional_collectives``: Dynamo
+    puts ``all_gather_single``, ``reduce_scatter_single`` and ``all_reduce`` into the graph),
+    imported on first call."""
+    try:
+        return _module("torch.distributed._functional_collectives")
+    except ImportError:
+        missing("traceable collectives (torch.distributed._functional_collectives)", _MIN)
+
+
 # --------------------------------------------------------------------------------------
 # DTensor internals (lazy: importing torch.distributed.tensor takes about a second)
 # --------------------------------------------------------------------------------------
@@ -443,6 +455,7 @@ __all__ = [
     "foreach_sign",
     "foreach_sqrt",
     "foreach_sub",
+    "functional_collectives",
     "fused_adagrad_",
     "fused_adam_",
     "fused_adamw_",

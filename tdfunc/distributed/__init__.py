@@ -66,6 +66,7 @@ from ._common.errors import (
 )
 from ._redistribute.local import distribute, from_local, to_local
 from ._redistribute.redistribute import DEFAULT_BACKEND, full_tensor, redistribute
+from ._training.step import ShardedStep, sharded_step
 from ._transfer.p2p import DEFAULT_TIMEOUT, recv, send
 from ._transfer.plan import Traffic, TransferPlan, transfer_plan
 from ._transfer.session import Transfer
@@ -108,6 +109,7 @@ __all__ = [
     "CheckpointDigestError",
     "CheckpointError",
     "PendingSave",
+    "ShardedStep",
     "Traffic",
     "Transfer",
     "TransferPlan",
@@ -122,6 +124,7 @@ __all__ = [
     "redistribute",
     "save_checkpoint",
     "send",
+    "sharded_step",
     "to_local",
     "transfer_plan",
 ]

@@ -311,3 +311,25 @@ CKPT_OLD_FORMAT = (
     "process you trust, and save it again"
 )
 BAD_TIMEOUT_SCALE = "{name}={value!r}: expected a number >= 1 (how many times longer to wait)"
+
+# --------------------------------------------------------------------------------------
+# sharded_step
+# --------------------------------------------------------------------------------------
+STEP_NO_PARAMS = "{op}: the parameter container has no leaves"
+STEP_MESH_NDIM = (
+    "{op}: key {key} lives on {mesh}; the sharded step needs a 1-D mesh (FSDP's Shard(0) or "
+    "DDP's Replicate() along it)"
+)
+STEP_MIXED_MESH = (
+    "{op}: key {key} lives on {mesh} but the first parameter lives on {first}; every "
+    "parameter must share one 1-D mesh"
+)
+STEP_PLACEMENT = (
+    "{op}: key {key} has placement {placement!r}; the sharded step takes Shard(0) (rows split "
+    "across the ranks) or Replicate() parameters: redistribute it first"
+)
+STEP_NOT_CALLABLE = "{op}: loss_fn must be callable (params, batch) -> scalar, got {typ}"
+STEP_OPTIMIZER = (
+    "{op}: optimizer must be a tdfunc.optim GradientTransformation (e.g. optim.adamw(1e-3)), "
+    "got {typ}"
+)

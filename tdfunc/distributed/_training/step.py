@@ -1,0 +1,357 @@
+"""A data-parallel training step over sharded parameters (FSDP's layout), as one pure function.
+
+:func:`sharded_step` builds ``step(params, state, batch) -> (params, state, loss)``. The
+parameters are a container of DTensors on a 1-D mesh, each ``Shard(0)`` (FSDP's layout;
+uneven sizes allowed) or ``Replicate()`` (DDP's layout); the optimizer state is what
+``optimizer.init(params)`` returns; ``batch`` is this rank's part of the global batch. On
+every rank of the mesh, one call:
+
+1. gathers the full value of every sharded parameter: one all-gather per leaf, whose rows
+   are padded to the same count on every rank (so uneven shards work) and cut back after;
+   replicated leaves are used as they are;
+2. computes ``loss_fn(full_params, batch)`` and its gradient with respect to the full
+   parameters (``torch.func.grad_and_value``);
+3. reduces the gradients: a reduce-scatter per sharded leaf (each rank keeps the rows it
+   owns), an all-reduce per replicated leaf, both divided by the number of ranks: the
+   gradient of the mean of the ranks' losses, which is the gradient of the mean loss over the
+   global batch when every rank's part has the same size;
+4. updates the parameters with ``optimizer.update`` and :func:`tdfunc.optim.apply_updates` on
+   DTensors built from the local gradient shards (no communication), so transforms that
+   reduce over all leaves (a global-norm clip) reduce across ranks;
+5. returns the new parameters (same placements), the new state and the loss averaged over
+   the ranks (an all-reduce of one number). The inputs are not changed.
+
+What is gathered when: the whole parameter set, before the forward; the full parameters and
+the full gradients live until the gradients are reduced, then only shards remain. Peak memory
+per rank is therefore the full parameters and gradients for the length of one forward and
+backward, plus ``1/n`` of the parameters and optimizer state between steps (FSDP's
+layer-by-layer gathering, which keeps the peak near one layer, is not done).
+
+With ``compile=True`` the step is one ``torch.compile(fullgraph=True)`` graph per rank,
+collectives included (torch's functional collectives, which Dynamo traces); the structure
+check below runs eagerly before it, once per new structure.
+
+Before the first call with a new structure every rank compares a digest of what it passes
+(parameter keys, global shapes, dtypes and placements, state keys and shapes, the keys,
+shapes and dtypes of its batch): ranks that differ all raise the same ``ValueError`` before
+any data moves, and a rank that rejects its own arguments tells the others, which raise too.
+A rank that dies makes the others fail in their next collective, within the process group's
+timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import torch
+from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from ... import optim
+from ..._compat import functional_collectives, pytree
+from ..._keys import KeyPath, fmt_key
+from ..._tree import is_node, leaves_with_paths, map_leaves
+from .._common import agree
+from .._common import errors as E
+from .._common.mesh import describe_mesh
+
+P = TypeVar("P")
+S = TypeVar("S")
+
+OP = "sharded_step"
+#: the placements of the gradients made from local shards (one object each: Dynamo guards on
+#: the identity of placements it reads, and these never change)
+_SHARDED = (Shard(0),)
+_REPLICATED = (Replicate(),)
+
+
+class _Layout:
+    """What the traced step needs to know about the parameters: their mesh, and per leaf
+    whether it is sharded (with its global row count) or replicated."""
+
+    __slots__ = ("fc", "group", "mesh", "n", "rows", "sharded")
+
+    def __init__(self, mesh: DeviceMesh, sharded: tuple[bool, ...], rows: tuple[int, ...]):
+        self.mesh = mesh
+        self.n = mesh.size()
+        self.group = mesh.get_group(0)
+        self.sharded = sharded
+        self.rows = rows
+        #: torch's functional collectives (looked up here: an import is not traceable)
+        self.fc = functional_collectives()
+
+
+def _layout(params: Any) -> tuple[_Layout, list[tuple[KeyPath, Tensor]]]:
+    """Check the parameters (typed errors naming the key) and read their layout."""
+    if not is_node(params):
+        raise TypeError(E.NOT_A_CONTAINER.format(op=OP, typ=type(params).__name__))
+    pairs = leaves_with_paths(params)
+    if not pairs:
+        raise ValueError(E.STEP_NO_PARAMS.format(op=OP))
+    mesh: DeviceMesh | None = None
+    sharded, rows = [], []
+    for path, p in pairs:
+        if not isinstance(p, DTensor):
+            raise TypeError(E.NOT_DTENSOR.format(key=fmt_key(path), op=OP, typ=type(p).__name__))
+        if mesh is None:
+            mesh = p.device_mesh
+            if mesh.ndim != 1:
+                raise ValueError(
+                    E.STEP_MESH_NDIM.format(op=OP, key=fmt_key(path), mesh=describe_mesh(mesh))
+                )
+        elif p.device_mesh != mesh:
+            raise ValueError(
+                E.STEP_MIXED_MESH.format(
+                    op=OP,
+                    key=fmt_key(path),
+                    mesh=describe_mesh(p.device_mesh),
+                    first=describe_mesh(mesh),
+                )
+            )
+        (pl,) = p.placements
+        if isinstance(pl, Shard) and pl.dim == 0:
+            sharded.append(True)
+            rows.append(int(p.shape[0]))
+        elif isinstance(pl, Replicate):
+            sharded.append(False)
+            rows.append(0)
+        else:
+            raise ValueError(E.STEP_PLACEMENT.format(op=OP, key=fmt_key(path), placement=pl))
+    assert mesh is not None
+    return _Layout(mesh, tuple(sharded), tuple(rows)), pairs
+
+
+def _gather(fc: Any, local: Tensor, rows: int, n: int, group: Any) -> Tensor:
+    """The full value of a ``Shard(0)`` leaf from this rank's rows (all ranks take part)."""
+    per = -(-rows // n)
+    if local.shape[0] != per:
+        local = torch.nn.functional.pad(
+            local, [0, 0] * (local.dim() - 1) + [0, per - local.shape[0]]
+        )
+    full = fc.all_gather_single(local.contiguous(), 0, group)
+    return full if per * n == rows else full[:rows]
+
+
+def _scatter(fc: Any, grad: Tensor, local_rows: int, n: int, group: Any) -> Tensor:
+    """This rank's rows of the sum of every rank's ``grad``, divided by ``n``."""
+    rows = grad.shape[0]
+    per = -(-rows // n)
+    if per * n != rows:
+        grad = torch.nn.functional.pad(grad, [0, 0] * (grad.dim() - 1) + [0, per * n - rows])
+    part = fc.reduce_scatter_single(grad.contiguous(), "sum", 0, group)
+    if local_rows != per:
+        part = part[:local_rows]
+    return part / n
+
+
+def _average(fc: Any, t: Tensor, n: int, group: Any) -> Tensor:
+    """The mean of ``t`` over the ranks."""
+    return fc.all_reduce(t, "sum", group) / n
+
+
+def _core(
+    loss_fn: Callable[[Any, Any], Tensor],
+    optimizer: optim.GradientTransformation,
+    layout: _Layout,
+    params: Any,
+    state: Any,
+    batch: Any,
+) -> tuple[Any, Any, Tensor]:
+    """The step itself (what ``torch.compile`` traces): gather, grad, reduce, update.
+
+    Everything runs under ``no_grad`` (``torch.func.grad`` differentiates inside it anyway): a
+    step records nothing for autograd, and its outputs never require grad, so the next call
+    matches the same graph.
+    """
+    with torch.no_grad():
+        n, group, fc = layout.n, layout.group, layout.fc
+        dparams: list[DTensor] = [p for _, p in leaves_with_paths(params)]  # type: ignore[misc]
+        local = [p.to_local() for p in dparams]
+        full = [
+            _gather(fc, t, r, n, group) if s else t
+            for t, s, r in zip(local, layout.sharded, layout.rows)
+        ]
+        grads_full, loss = torch.func.grad_and_value(loss_fn)(map_leaves(params, full), batch)
+        gfull = [g for _, g in leaves_with_paths(grads_full)]
+        grads = []
+        for g, t, p, s in zip(gfull, local, dparams, layout.sharded):
+            g = _scatter(fc, g, t.shape[0], n, group) if s else _average(fc, g, n, group)
+            pl = _SHARDED if s else _REPLICATED
+            grads.append(
+                DTensor.from_local(
+                    g, layout.mesh, pl, run_check=False, shape=p.shape, stride=p.stride()
+                )
+            )
+        updates, new_state = optimizer.update(map_leaves(params, grads), state, params)
+        new_params = optim.apply_updates(params, updates)
+        return new_params, new_state, _average(fc, loss.detach(), n, group)
+
+
+Signature = tuple[
+    tuple[KeyPath, ...], tuple[tuple[int, ...], ...], tuple[torch.dtype, ...], tuple[Any, ...]
+]
+
+
+def _signature(
+    layout: _Layout, pairs: list[tuple[KeyPath, Tensor]], state: Any, batch: Any
+) -> Signature:
+    """What the ranks compare: key paths, shapes, dtypes and placements of the parameters
+    (global), the state and the batch (this rank's part), and the batch's structure."""
+    paths: list[KeyPath] = []
+    shapes: list[tuple[int, ...]] = []
+    dtypes: list[torch.dtype] = []
+    placements: list[tuple[str, ...]] = []
+    for path, p in pairs:
+        paths.append(("params", *path))
+        shapes.append(tuple(p.shape))
+        dtypes.append(p.dtype)
+        placements.append(tuple(repr(x) for x in p.placements))  # type: ignore[attr-defined]
+    for name, tree in (("state", state), ("batch", batch)):
+        flat, spec = pytree.tree_flatten_with_path(tree)
+        for kp, x in flat:
+            paths.append((name, pytree.keystr(kp)))
+            if isinstance(x, Tensor):
+                shapes.append(tuple(x.shape))
+                dtypes.append(x.dtype)
+                placements.append(
+                    tuple(repr(q) for q in x.placements) if isinstance(x, DTensor) else ()
+                )
+            else:
+                shapes.append(())
+                dtypes.append(torch.float32)
+                placements.append((repr(x),))
+        placements.append((name, str(spec)))
+        paths.append((name, "<structure>"))
+        shapes.append(())
+        dtypes.append(torch.float32)
+    return tuple(paths), tuple(shapes), tuple(dtypes), tuple(placements)
+
+
+class ShardedStep(Generic[P, S]):
+    """The step built by :func:`sharded_step`: ``step(params, state, batch)`` returns
+    ``(params, state, loss)``; see there.
+
+    Attributes:
+        loss_fn: the loss function it differentiates.
+        optimizer: the gradient transformation it applies.
+        compiled: whether the step runs as one compiled graph.
+    """
+
+    def __init__(
+        self,
+        loss_fn: Callable[[Any, Any], Tensor],
+        optimizer: optim.GradientTransformation,
+        *,
+        compile: bool = False,
+        **compile_kwargs: Any,
+    ) -> None:
+        if not callable(loss_fn):
+            raise TypeError(E.STEP_NOT_CALLABLE.format(op=OP, typ=type(loss_fn).__name__))
+        if not isinstance(optimizer, optim.GradientTransformation):
+            raise TypeError(E.STEP_OPTIMIZER.format(op=OP, typ=type(optimizer).__name__))
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.compiled = bool(compile)
+        self._core: Callable[..., tuple[Any, Any, Tensor]] = _core
+        if compile:
+            self._core = torch.compile(_core, fullgraph=True, **compile_kwargs)
+        self._agreed: set[Any] = set()
+
+    def __call__(self, params: P, state: S, batch: Any) -> tuple[P, S, Tensor]:
+        try:
+            layout, pairs = _layout(params)
+        except (TypeError, ValueError):
+            mesh = _some_mesh(params, state)
+            if mesh is not None:
+                agree.reject(OP, mesh)
+            raise
+        if any(p.requires_grad for _, p in pairs):
+            # parameters distributed from nn.Parameters: the step records nothing for autograd,
+            # and its outputs do not require grad; detached here, the first call and the next
+            # ones (with the outputs) match the same compiled graph
+            params = map_leaves(params, [p.detach() for _, p in pairs])  # type: ignore[assignment]
+        sig = _signature(layout, pairs, state, batch)
+        if sig not in self._agreed:
+            paths, shapes, dtypes, placements = sig
+            agree.check(OP, OP, layout.mesh, paths, shapes, dtypes, placements, ())
+            self._agreed.add(sig)
+        return self._core(self.loss_fn, self.optimizer, layout, params, state, batch)
+
+
+def _some_mesh(*trees: Any) -> DeviceMesh | None:
+    """The mesh of the first DTensor leaf of ``trees`` (the parameters, then the optimizer
+    state), to tell its ranks about a rejection; ``None`` if there is none (the other ranks
+    then fail in their next collective, within the process group's timeout)."""
+    for tree in trees:
+        for x in pytree.tree_leaves(tree):
+            if isinstance(x, DTensor):
+                return x.device_mesh
+    return None
+
+
+def sharded_step(
+    loss_fn: Callable[[Any, Any], Tensor],
+    optimizer: optim.GradientTransformation,
+    *,
+    compile: bool = False,
+    **compile_kwargs: Any,
+) -> ShardedStep[Any, Any]:
+    """A data-parallel training step over parameters sharded across the ranks of a mesh.
+
+    ``step = sharded_step(loss_fn, optimizer)``; then, on every rank of the mesh,
+    ``params, state, loss = step(params, state, batch)``. ``params`` is a container of DTensors
+    on one 1-D mesh, each ``Shard(0)`` (FSDP's layout: each rank holds a block of rows, uneven
+    sizes allowed) or ``Replicate()`` (DDP's layout), e.g. from
+    ``tdfunc.distributed.distribute(tdfunc.from_module(model), mesh, [Shard(0)])``; ``state`` is
+    ``optimizer.init(params)``; ``batch`` (any pytree) is this rank's part of the global batch.
+
+    The step gathers the full parameters, computes ``loss_fn(full_params, batch)`` and its
+    gradient, averages the gradients over the ranks while scattering them back to the shards
+    (reduce-scatter; all-reduce for replicated leaves), and applies the optimizer to the
+    shards; ``loss`` is the loss averaged over the ranks. With equal batch parts on every rank
+    it computes what one process computes on the whole batch. The inputs are not changed.
+
+    Args:
+        loss_fn: ``loss_fn(params, batch) -> scalar tensor``; ``params`` is a container of the
+            same type with the full (gathered) parameters as plain tensors, e.g. passed to
+            :func:`tdfunc.functional_call`.
+        optimizer: a :class:`tdfunc.optim.GradientTransformation`; its update sees DTensor
+            gradients, parameters and state, so a global-norm clip reduces across ranks.
+        compile: run the step as one ``torch.compile(fullgraph=True)`` graph per rank,
+            collectives included (no graph break; a new graph only for a new structure).
+        **compile_kwargs: passed to ``torch.compile`` (``backend``, ``mode``...).
+
+    Returns:
+        A :class:`ShardedStep`.
+
+    Raises:
+        TypeError: ``loss_fn`` is not callable or ``optimizer`` is not a gradient
+            transformation (here); at a call, a parameter that is not a DTensor, or
+            ``params`` that is not a container.
+        ValueError: at a call, parameters on a mesh that is not 1-D or on different meshes,
+            a placement other than ``Shard(0)`` / ``Replicate()`` (each naming the key), or
+            ranks that pass different structures (raised on every rank before data moves).
+
+    Example:
+        >>> import torch, torch.distributed as dist, tdfunc
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from torch.distributed.tensor import Shard
+        >>> from tdfunc import optim
+        >>> from tdfunc.distributed import distribute, sharded_step
+        >>> _ = dist.is_initialized() or dist.init_process_group(
+        ...     "gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+        >>> mesh = init_device_mesh("cpu", (1,))
+        >>> model = torch.nn.Linear(3, 1)
+        >>> params = distribute(tdfunc.from_module(model), mesh, [Shard(0)])
+        >>> def loss_fn(p, batch):
+        ...     x, y = batch
+        ...     return ((tdfunc.functional_call(model, p, (x,)) - y) ** 2).mean()
+        >>> opt = optim.sgd(0.1)
+        >>> step = sharded_step(loss_fn, opt)
+        >>> params, state, loss = step(params, opt.init(params), (torch.ones(4, 3), torch.zeros(4, 1)))
+        >>> loss.shape, type(params["weight"]).__name__
+        (torch.Size([]), 'DTensor')
+    """
+    return ShardedStep(loss_fn, optimizer, compile=compile, **compile_kwargs)

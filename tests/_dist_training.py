@@ -1,0 +1,222 @@
+"""Rank functions for tests/test_distributed_training.py (importable by spawned processes).
+
+Each ``run_*`` function runs on every rank of a fresh gloo group and returns plain values
+(lists of floats, strings, booleans) that the test process compares with one process
+training on the whole batch (:func:`reference`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+import torch._dynamo.testing
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+import tdfunc
+from tdfunc import distributed as tdd
+from tdfunc import optim
+
+VOCAB, WIDTH, SEQ, BATCH = 11, 6, 5, 8  # rows 11, 6 and 3: uneven over 2 and 4 ranks
+STEPS = 6
+
+
+class TinyLM(torch.nn.Module):
+    """A one-block transformer language model (embedding, attention, MLP, norms, head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, WIDTH)
+        self.block = torch.nn.TransformerEncoderLayer(
+            WIDTH, nhead=2, dim_feedforward=3, dropout=0.0, batch_first=True, bias=False
+        )  # no biases: an attention key bias has no gradient, and AdamW amplifies the rounding
+        self.head = torch.nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.embed(tokens)))
+
+
+def model() -> TinyLM:
+    torch.manual_seed(0)
+    return TinyLM().double()
+
+
+def global_batches(steps: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(steps):
+        x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+        out.append((x, (3 * x + 1) % VOCAB))  # a rule the model can learn: the loss goes down
+    return out
+
+
+def loss_fn_of(m: torch.nn.Module) -> Any:
+    def loss_fn(params: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        logits = tdfunc.functional_call(m, params, (x,))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+
+    return loss_fn
+
+
+def optimizer() -> optim.GradientTransformation:
+    # the clip reduces over every leaf: across ranks in the sharded step
+    return optim.chain(optim.clip_by_global_norm(0.5), optim.adamw(3e-2, weight_decay=0.1))
+
+
+def reference(steps: int = STEPS) -> tuple[list[float], dict[str, list[float]]]:
+    """One process, the whole batch: the losses and the final parameters."""
+    m = model()
+    loss_fn, opt = loss_fn_of(m), optimizer()
+    params = tdfunc.from_module(m)
+    state = opt.init(params)
+    losses = []
+    for batch in global_batches(steps):
+        grads, loss = torch.func.grad_and_value(loss_fn)(params, batch)
+        updates, state = opt.update(grads, state, params)
+        params = optim.apply_updates(params, updates)
+        losses.append(loss.item())
+    return losses, _flat(params)
+
+
+def _flat(params: Any) -> dict[str, list[float]]:
+    return {
+        ".".join(k): v.reshape(-1).tolist()
+        for k, v in params.items(leaves_only=True, include_nested=True)
+    }
+
+
+def _full(params: Any) -> dict[str, list[float]]:
+    return _flat(tdd.full_tensor(params, compile=False))
+
+
+def _placements(path: Any, leaf: torch.Tensor) -> list[Any]:
+    # the matrices sharded by rows (FSDP), the 1-D vectors (biases, norms) replicated (DDP)
+    return [Shard(0)] if leaf.dim() == 2 else [Replicate()]
+
+
+def _local(batch: tuple[torch.Tensor, torch.Tensor], rank: int, world: int) -> Any:
+    return tuple(t.chunk(world)[rank] for t in batch)
+
+
+def train(rank: int, world: int, step: Any, params: Any, state: Any, batches: list[Any]) -> Any:
+    losses = []
+    for batch in batches:
+        params, state, loss = step(params, state, _local(batch, rank, world))
+        losses.append(loss.item())
+    return params, state, losses
+
+
+def run_train(rank: int, world: int, ckpt: str) -> dict[str, Any]:
+    """Eager and compiled training, the inputs left alone, one graph, a checkpoint."""
+    mesh = init_device_mesh("cpu", (world,))
+    m = model()
+    opt = optimizer()
+    res: dict[str, Any] = {}
+    params0 = tdd.distribute(tdfunc.from_module(m), mesh, _placements)
+    state0 = opt.init(params0)
+    res["placements"] = {
+        ".".join(k): repr(v.placements[0])
+        for k, v in params0.items(leaves_only=True, include_nested=True)
+    }
+    before = [v.to_local().clone() for v in params0.values(True, True)]
+    batches = global_batches()
+
+    step = tdd.sharded_step(loss_fn_of(m), opt)
+    params, state, losses = train(rank, world, step, params0, state0, batches[:3])
+    # a checkpoint after 3 steps, then 3 more
+    tdd.save_checkpoint(ckpt, tdfunc.TensorDict(params=params, state=state), overwrite=True)
+    params, state, more = train(rank, world, step, params, state, batches[3:])
+    res["eager_losses"] = losses + more
+    res["eager_params"] = _full(params)
+    res["inputs_unchanged"] = all(
+        torch.equal(a, b.to_local()) for a, b in zip(before, params0.values(True, True))
+    )
+    res["out_placements"] = [repr(v.placements[0]) for v in params.values(True, True)]
+
+    cnt = torch._dynamo.testing.CompileCounter()
+    cstep = tdd.sharded_step(loss_fn_of(m), opt, compile=True, backend=cnt)
+    params, state, losses = train(rank, world, cstep, params0, state0, batches)
+    res["compiled_losses"] = losses
+    res["compiled_params"] = _full(params)
+    res["frames"] = cnt.frame_count
+    return res
+
+
+def run_resume(rank: int, world: int, ckpt: str) -> dict[str, Any]:
+    """Load the 3-step checkpoint on this (other) number of ranks and train 3 more steps."""
+    mesh = init_device_mesh("cpu", (world,))
+    m = model()
+    opt = optimizer()
+    like_params = tdd.distribute(tdfunc.from_module(m), mesh, _placements)
+    like = tdfunc.TensorDict(params=like_params, state=opt.init(like_params))
+    loaded = tdd.load_checkpoint(ckpt, like)
+    step = tdd.sharded_step(loss_fn_of(m), opt)
+    params, _, losses = train(
+        rank, world, step, loaded["params"], loaded["state"], global_batches()[3:]
+    )
+    return {"losses": losses, "params": _full(params)}
+
+
+def _caught(fn: Any) -> str:
+    try:
+        fn()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def run_errors(rank: int, world: int) -> dict[str, Any]:
+    """Bad input on one rank: every rank raises, before any data moves."""
+    mesh = init_device_mesh("cpu", (world,))
+    m = model()
+    opt = optimizer()
+    params = tdd.distribute(tdfunc.from_module(m), mesh, _placements)
+    state = opt.init(params)
+    step = tdd.sharded_step(loss_fn_of(m), opt)
+    x, y = _local(global_batches(1)[0], rank, world)
+    res: dict[str, Any] = {}
+    # rank 1 passes a longer batch part than rank 0
+    bad = (x, y) if rank == 0 else (torch.cat([x, x]), torch.cat([y, y]))
+    res["batch_shape"] = _caught(lambda: step(params, state, bad))
+    # rank 1 passes one parameter sharded by columns
+    if rank == 1:  # built locally: no collective that rank 0 would have to join
+        shard = torch.zeros(VOCAB, WIDTH // world, dtype=torch.float64)
+        cols = params.set(("embed", "weight"), DTensor.from_local(shard, mesh, [Shard(1)]))
+    else:
+        cols = params
+    res["placement"] = _caught(lambda: step(cols, state, (x, y)))
+    # rank 0 passes plain tensors
+    plain = tdd.to_local(params) if rank == 0 else params  # no collective either
+    res["plain"] = _caught(lambda: step(plain, state, (x, y)))
+    # after all that, a good call still works on every rank
+    _, _, loss = step(params, state, (x, y))
+    res["good_after"] = bool(torch.isfinite(loss))
+    res["local_errors"] = {
+        "loss_fn": _caught(lambda: tdd.sharded_step(3, opt)),  # type: ignore[arg-type]
+        "optimizer": _caught(lambda: tdd.sharded_step(loss_fn_of(m), object())),  # type: ignore[arg-type]
+        "container": _caught(lambda: step([1], state, (x, y))),
+    }
+    return res
+
+
+def run_dead_rank(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 dies before the step; the others must fail, not hang."""
+    mesh = init_device_mesh("cpu", (world,))
+    m = model()
+    opt = optimizer()
+    params = tdd.distribute(tdfunc.from_module(m), mesh, _placements)
+    state = opt.init(params)
+    step = tdd.sharded_step(loss_fn_of(m), opt)
+    if rank == 1:
+        os._exit(3)
+    t0 = time.monotonic()
+    step(params, state, _local(global_batches(1)[0], rank, world))
+    return {"elapsed": time.monotonic() - t0}
+
+
+def is_dtensor(x: Any) -> bool:
+    return isinstance(x, DTensor)

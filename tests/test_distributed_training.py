@@ -1,0 +1,133 @@
+"""tdfunc.distributed.sharded_step: a data-parallel step over sharded parameters.
+
+Every multi-rank run is compared with one process training the same model on the whole
+batch (float64; the sums run in another order, so values agree to rounding, not bit for bit).
+A 2-rank launch trains eagerly and compiled and saves a checkpoint midway; a 1-rank launch
+resumes from it; a 4-rank launch trains eagerly; error paths run on 2 ranks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import _dist_training as W
+import pytest
+import torch
+
+from tdfunc import optim
+from tdfunc.distributed import ShardedStep, sharded_step
+from tdfunc.testing import RankError, launch
+
+pytestmark = pytest.mark.slow
+TOL = {"rtol": 1e-9, "atol": 1e-11}
+
+
+@pytest.fixture(scope="module")
+def ref() -> tuple[list[float], dict[str, list[float]]]:
+    return W.reference()
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Path]:
+    ckpt = tmp_path_factory.mktemp("train") / "ckpt"
+    return launch(W.run_train, 2, args=(str(ckpt),), timeout=300, pg_timeout=60), ckpt
+
+
+def _close(got: dict[str, list[float]], want: dict[str, list[float]]) -> None:
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(torch.tensor(got[k]), torch.tensor(want[k]), **TOL, msg=k)
+
+
+def test_sharded_step_matches_one_process(two: Any, ref: Any) -> None:
+    res, _ = two
+    losses, params = ref
+    for r in res:
+        torch.testing.assert_close(torch.tensor(r["eager_losses"]), torch.tensor(losses), **TOL)
+        _close(r["eager_params"], params)
+    # the loss goes down: the comparison is not between two things that do nothing
+    assert losses[-1] < losses[0]
+
+
+def test_layout_kept_and_inputs_unchanged(two: Any) -> None:
+    res, _ = two
+    for r in res:
+        assert r["inputs_unchanged"] is True
+        assert r["placements"]["embed.weight"] == "Shard(dim=0)"
+        assert r["placements"]["head.bias"] == "Replicate()"
+        assert r["out_placements"] == list(r["placements"].values())
+
+
+def test_compiled_step_is_one_graph_and_matches(two: Any, ref: Any) -> None:
+    res, _ = two
+    losses, params = ref
+    for r in res:
+        assert r["frames"] == 1  # one graph for six steps: no graph break, no recompile
+        torch.testing.assert_close(torch.tensor(r["compiled_losses"]), torch.tensor(losses), **TOL)
+        _close(r["compiled_params"], params)
+
+
+def test_resume_on_one_rank_continues_the_trajectory(two: Any, ref: Any) -> None:
+    _res, ckpt = two
+    losses, params = ref
+    (resumed,) = launch(W.run_resume, 1, args=(str(ckpt),), timeout=200, pg_timeout=60)
+    torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(losses[3:]), **TOL)
+    _close(resumed["params"], params)
+
+
+def test_four_ranks_match_and_resume_on_two(tmp_path: Path, ref: Any) -> None:
+    losses, params = ref
+    ckpt = str(tmp_path / "ckpt")
+    res = launch(W.run_train, 4, args=(ckpt,), timeout=400, pg_timeout=90)
+    for r in res:
+        torch.testing.assert_close(torch.tensor(r["eager_losses"]), torch.tensor(losses), **TOL)
+        _close(r["eager_params"], params)
+        assert r["frames"] == 1
+    resumed = launch(W.run_resume, 2, args=(ckpt,), timeout=200, pg_timeout=60)
+    for r in resumed:
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(losses[3:]), **TOL)
+        _close(r["params"], params)
+
+
+def test_ranks_that_disagree_all_raise() -> None:
+    res = launch(W.run_errors, 2, timeout=200, pg_timeout=60)
+    for r in res:
+        assert r["batch_shape"].startswith("ValueError: sharded_step"), r["batch_shape"]
+        assert "global shapes" in r["batch_shape"]
+        assert r["good_after"] is True
+    # rank 1 asked for a column shard: it names the key, rank 0 hears that rank 1 rejected
+    assert "ValueError" in res[1]["placement"]
+    assert "('embed', 'weight')" in res[1]["placement"]
+    assert "Shard(dim=1)" in res[1]["placement"]
+    assert res[0]["placement"].startswith("ValueError")
+    assert "rank(s) 1" in res[0]["placement"]
+    # rank 0 passed plain tensors: a TypeError naming a key there, rank 1 hears of it
+    assert res[0]["plain"].startswith("TypeError")
+    assert "DTensor" in res[0]["plain"]
+    assert res[1]["plain"].startswith("ValueError")
+    assert "rank(s) 0" in res[1]["plain"]
+    local = res[0]["local_errors"]
+    assert local["loss_fn"].startswith("TypeError")
+    assert "loss_fn" in local["loss_fn"]
+    assert local["optimizer"].startswith("TypeError")
+    assert "GradientTransformation" in local["optimizer"]
+    assert local["container"].startswith("TypeError")
+    assert "list" in local["container"]
+
+
+def test_a_dead_rank_makes_the_others_fail() -> None:
+    with pytest.raises(RankError) as info:
+        launch(W.run_dead_rank, 2, timeout=120, pg_timeout=10)
+    assert info.value.rank == 1
+    assert info.value.exitcode == 3
+
+
+def test_constructor_checks() -> None:
+    with pytest.raises(TypeError, match="loss_fn"):
+        sharded_step(None, optim.sgd(0.1))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="GradientTransformation"):
+        sharded_step(lambda p, b: p, "adam")  # type: ignore[arg-type]
+    step = sharded_step(lambda p, b: p, optim.sgd(0.1), compile=False)
+    assert isinstance(step, ShardedStep)
+    assert step.compiled is False
