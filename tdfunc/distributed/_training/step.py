@@ -271,7 +271,7 @@ class ShardedStep(Generic[P, S]):
             # parameters distributed from nn.Parameters: the step records nothing for autograd,
             # and its outputs do not require grad; detached here, the first call and the next
             # ones (with the outputs) match the same compiled graph
-            params = map_leaves(params, [p.detach() for _, p in pairs])  # type: ignore[assignment]
+            params = map_leaves(params, [p.detach() for _, p in pairs])  # type: ignore[arg-type]
         sig = _signature(layout, pairs, state, batch)
         if sig not in self._agreed:
             paths, shapes, dtypes, placements = sig
