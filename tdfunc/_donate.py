@@ -23,6 +23,7 @@ slot plan of :func:`tdfunc.functional_call`).
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from torch import Tensor
 
 from . import _errors as E
 from ._compat import pytree
+from ._keys import fmt_key
 from ._tree import KeyPath, Node, is_node, leaves, leaves_with_paths
 
 
@@ -273,6 +275,24 @@ def _run_and_store(fn: Callable[..., Any], donate: tuple[int, ...], *args: Any, 
     return store_outputs(out, donors)
 
 
+def _warn_memmap_leaves(args: Sequence[Any], what: str) -> None:
+    """Warn (on a first call) about a container argument with memory-mapped leaves: a loaded
+    state passed to a compiled step makes the next step, with plain tensors, compile again."""
+    from .memmap._tensor import MemoryMappedTensor
+
+    for i, a in enumerate(args):
+        if not is_node(a):
+            continue
+        for path, t in leaves_with_paths(a):
+            if isinstance(t, MemoryMappedTensor):
+                warnings.warn(
+                    E.COMPILE_MEMMAP_LEAVES.format(what=what, arg=i, key=fmt_key(path)),
+                    UserWarning,
+                    stacklevel=3,
+                )
+                return
+
+
 class Donating:
     """The callable :func:`compile` returns (see there)."""
 
@@ -289,6 +309,8 @@ class Donating:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         what = f"tdfunc.compile({self.name})"
         check_donated(args, kwargs, self.donate, what)
+        if not self.calls:
+            _warn_memmap_leaves(args, what)
         out = self.compiled(*args, **kwargs)
         self.calls += 1
         for i in self.donate:
@@ -322,8 +344,11 @@ def compile(  # tdfunc.compile, as torch.compile
     container or was consumed already; a memory-mapped leaf (``PermissionError`` when
     read-only, ``ValueError`` otherwise: the write would go to the file); a leaf that
     requires grad; two donated leaves that overlap in memory; a donated leaf whose memory
-    is also passed in an argument not donated. ``disable=True`` runs eagerly with the same
-    rules and results. Without ``donate`` this is ``torch.compile``.
+    is also passed in an argument not donated. A first call whose other arguments hold
+    memory-mapped leaves (a state from :func:`tdfunc.load`) warns: Dynamo guards on the leaf
+    type, so the next call, with the plain tensors the step returns, would compile again
+    (pass ``.clone()`` instead). ``disable=True`` runs eagerly with the same rules and
+    results. Without ``donate`` this is ``torch.compile``.
 
     Args:
         fn: the function (or use ``@tdfunc.compile(donate=...)`` as a decorator).

@@ -185,6 +185,12 @@ DONATED = (
     "argument {arg} was donated to {what} (call {call}): its buffers now hold that call's "
     "outputs; use the values it returned"
 )
+COMPILE_MEMMAP_LEAVES = (
+    "{what}: argument {arg} holds memory-mapped leaves (key {key}, e.g. from tdfunc.load); "
+    "Dynamo guards on the leaf type, so the next call with the plain tensors this call returns "
+    "compiles the function again. Pass a copy to the first call (.clone(): plain tensors, read "
+    "once) to compile once"
+)
 DONATE_INDEX = "tdfunc.compile: donate takes argument positions (ints >= 0), got {value!r}"
 DONATE_REPEATED = "tdfunc.compile: donate names an argument twice: {value}"
 DONATE_MISSING = "{what}: argument {arg} is donated, but the call passed {n} positional arguments"

@@ -3,6 +3,7 @@ and every rule on what may be donated."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -261,3 +262,32 @@ def test_store_outputs_keeps_unmatched_outputs() -> None:
     assert out["y"] == 5
     assert out["z"] is a
     assert a.tolist() == [1, 1]
+
+
+def test_first_call_with_memory_mapped_leaves_warns_and_a_copy_compiles_once(
+    tmp_path: Any,
+) -> None:
+    path = str(tmp_path / "state")
+    tdfunc.save(tdfunc.TensorDict(w=torch.arange(4.0)), path)
+
+    def step(params: Any, other: Any) -> Any:
+        return params.apply(lambda p: p * 2), other.apply(lambda o: o + 1)
+
+    # a loaded (memory-mapped) state in an argument that is not donated: warned, and indeed
+    # the next call with the plain tensors the step returned compiles again
+    cnt = CompileCounterWithBackend("eager")
+    fn = tdfunc.compile(step, donate=0, backend=cnt, fullgraph=True)
+    with pytest.warns(UserWarning, match=r"argument 1 holds memory-mapped leaves \(key 'w'"):
+        p, o = fn(tdfunc.TensorDict(w=torch.ones(4)), tdfunc.load(path))
+    p, o = fn(p, o)
+    assert cnt.frame_count == 2
+    assert o["w"].tolist() == [2.0, 3.0, 4.0, 5.0]
+    # with a copy: no warning, one graph
+    cnt = CompileCounterWithBackend("eager")
+    fn = tdfunc.compile(step, donate=0, backend=cnt, fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p, o = fn(tdfunc.TensorDict(w=torch.ones(4)), tdfunc.load(path).clone())
+        p, o = fn(p, o)
+    assert cnt.frame_count == 1
+    assert o["w"].tolist() == [2.0, 3.0, 4.0, 5.0]
