@@ -6,13 +6,14 @@ uneven sizes allowed) or ``Replicate()`` (DDP's layout); the optimizer state is 
 ``optimizer.init(params)`` returns; ``batch`` is this rank's part of the global batch. On
 every rank of the mesh, one call:
 
-1. gathers the full value of every sharded parameter: one all-gather per leaf, whose rows
-   are padded to the same count on every rank (so uneven shards work) and cut back after;
-   replicated leaves are used as they are;
+1. gathers the full value of every sharded parameter: one all-gather of one flat buffer per
+   dtype, in which each leaf's rows are padded to the same count on every rank (so uneven
+   shards work) and cut back after; replicated leaves are used as they are;
 2. computes ``loss_fn(full_params, batch)`` and its gradient with respect to the full
    parameters (``torch.func.grad_and_value``);
-3. reduces the gradients: a reduce-scatter per sharded leaf (each rank keeps the rows it
-   owns), an all-reduce per replicated leaf, both divided by the number of ranks: the
+3. reduces the gradients: one reduce-scatter of a flat buffer per dtype for the sharded
+   leaves (each rank keeps the rows it owns), one all-reduce per dtype for the replicated
+   ones, both divided by the number of ranks: the
    gradient of the mean of the ranks' losses, which is the gradient of the mean loss over the
    global batch when every rank's part has the same size;
 4. updates the parameters with ``optimizer.update`` and :func:`tdfunc.optim.apply_updates` on
@@ -71,14 +72,33 @@ class _Layout:
     """What the traced step needs to know about the parameters: their mesh, and per leaf
     whether it is sharded (with its global row count) or replicated."""
 
-    __slots__ = ("fc", "group", "mesh", "n", "rows", "sharded")
+    __slots__ = (
+        "fc",
+        "group",
+        "mesh",
+        "n",
+        "replicated_groups",
+        "rows",
+        "sharded",
+        "sharded_groups",
+    )
 
-    def __init__(self, mesh: DeviceMesh, sharded: tuple[bool, ...], rows: tuple[int, ...]):
+    def __init__(
+        self,
+        mesh: DeviceMesh,
+        sharded: list[bool],
+        rows: list[int],
+        dtypes: list[torch.dtype],
+    ) -> None:
         self.mesh = mesh
         self.n = mesh.size()
         self.group = mesh.get_group(0)
-        self.sharded = sharded
-        self.rows = rows
+        self.sharded = tuple(sharded)
+        self.rows = tuple(rows)
+        #: positions of the sharded / replicated leaves, one group per dtype: each group's
+        #: collective moves one flat buffer
+        self.sharded_groups = _groups(sharded, dtypes, True)
+        self.replicated_groups = _groups(sharded, dtypes, False)
         #: torch's functional collectives (looked up here: an import is not traceable)
         self.fc = functional_collectives()
 
@@ -91,7 +111,8 @@ def _layout(params: Any) -> tuple[_Layout, list[tuple[KeyPath, Tensor]]]:
     if not pairs:
         raise ValueError(E.STEP_NO_PARAMS.format(op=OP))
     mesh: DeviceMesh | None = None
-    sharded, rows = [], []
+    sharded: list[bool] = []
+    rows: list[int] = []
     for path, p in pairs:
         if not isinstance(p, DTensor):
             raise TypeError(E.NOT_DTENSOR.format(key=fmt_key(path), op=OP, typ=type(p).__name__))
@@ -120,35 +141,75 @@ def _layout(params: Any) -> tuple[_Layout, list[tuple[KeyPath, Tensor]]]:
         else:
             raise ValueError(E.STEP_PLACEMENT.format(op=OP, key=fmt_key(path), placement=pl))
     assert mesh is not None
-    return _Layout(mesh, tuple(sharded), tuple(rows)), pairs
+    return _Layout(mesh, sharded, rows, [p.dtype for _, p in pairs]), pairs
 
 
-def _gather(fc: Any, local: Tensor, rows: int, n: int, group: Any) -> Tensor:
-    """The full value of a ``Shard(0)`` leaf from this rank's rows (all ranks take part)."""
-    per = -(-rows // n)
-    if local.shape[0] != per:
-        local = torch.nn.functional.pad(
-            local, [0, 0] * (local.dim() - 1) + [0, per - local.shape[0]]
-        )
-    full = fc.all_gather_single(local.contiguous(), 0, group)
-    return full if per * n == rows else full[:rows]
+def _groups(
+    flags: list[bool], dtypes: list[torch.dtype], want: bool
+) -> tuple[tuple[int, ...], ...]:
+    """Positions of the leaves with ``flags[i] == want``, one group per dtype (in order)."""
+    by: dict[torch.dtype, list[int]] = {}
+    for i, (f, d) in enumerate(zip(flags, dtypes)):
+        if f == want:
+            by.setdefault(d, []).append(i)
+    return tuple(tuple(ix) for ix in by.values())
 
 
-def _scatter(fc: Any, grad: Tensor, local_rows: int, n: int, group: Any) -> Tensor:
-    """This rank's rows of the sum of every rank's ``grad``, divided by ``n``."""
-    rows = grad.shape[0]
-    per = -(-rows // n)
-    if per * n != rows:
-        grad = torch.nn.functional.pad(grad, [0, 0] * (grad.dim() - 1) + [0, per * n - rows])
-    part = fc.reduce_scatter_single(grad.contiguous(), "sum", 0, group)
-    if local_rows != per:
-        part = part[:local_rows]
-    return part / n
+def _pad_rows(t: Tensor, rows: int) -> Tensor:
+    """``t`` with zero rows appended up to ``rows`` rows."""
+    if t.shape[0] == rows:
+        return t
+    return torch.nn.functional.pad(t, [0, 0] * (t.dim() - 1) + [0, rows - t.shape[0]])
 
 
-def _average(fc: Any, t: Tensor, n: int, group: Any) -> Tensor:
-    """The mean of ``t`` over the ranks."""
-    return fc.all_reduce(t, "sum", group) / n
+def _gather(fc: Any, local: list[Tensor], rows: list[int], n: int, group: Any) -> list[Tensor]:
+    """The full values of ``Shard(0)`` leaves of one dtype from this rank's rows: one
+    all-gather of a flat buffer (each leaf padded to the same row count on every rank)."""
+    pers = [-(-r // n) for r in rows]
+    flat = torch.cat([_pad_rows(t, per).reshape(-1) for t, per in zip(local, pers)])
+    every = fc.all_gather_single(flat, 0, group).view(n, -1)  # rank-major
+    out, off = [], 0
+    for t, per, r in zip(local, pers, rows):
+        size = per * _inner(t)
+        block = every[:, off : off + size].reshape(n * per, *t.shape[1:])
+        out.append(block if n * per == r else block[:r])
+        off += size
+    return out
+
+
+def _inner(t: Tensor) -> int:
+    """Elements per row of ``t`` (also when it has no rows)."""
+    k = 1
+    for d in t.shape[1:]:
+        k *= d
+    return k
+
+
+def _scatter(
+    fc: Any, grads: list[Tensor], local_rows: list[int], n: int, group: Any
+) -> list[Tensor]:
+    """This rank's rows of the mean over the ranks of full gradients of one dtype: one
+    reduce-scatter of a flat buffer laid out rank by rank."""
+    pers = [-(-g.shape[0] // n) for g in grads]
+    parts = [_pad_rows(g, per * n).reshape(n, -1) for g, per in zip(grads, pers)]
+    mine = fc.reduce_scatter_single(torch.cat(parts, dim=1).reshape(-1), "sum", 0, group) / n
+    out, off = [], 0
+    for g, per, lr in zip(grads, pers, local_rows):
+        size = per * _inner(g)
+        block = mine[off : off + size].view(per, *g.shape[1:])
+        out.append(block if lr == per else block[:lr])
+        off += size
+    return out
+
+
+def _average(fc: Any, ts: list[Tensor], n: int, group: Any) -> list[Tensor]:
+    """The means over the ranks of tensors of one dtype: one all-reduce of a flat buffer."""
+    flat = fc.all_reduce(torch.cat([t.reshape(-1) for t in ts]), "sum", group) / n
+    out, off = [], 0
+    for t in ts:
+        out.append(flat[off : off + t.numel()].view(t.shape))
+        off += t.numel()
+    return out
 
 
 def _core(
@@ -169,24 +230,36 @@ def _core(
         n, group, fc = layout.n, layout.group, layout.fc
         dparams: list[DTensor] = [p for _, p in leaves_with_paths(params)]  # type: ignore[misc]
         local = [p.to_local() for p in dparams]
-        full = [
-            _gather(fc, t, r, n, group) if s else t
-            for t, s, r in zip(local, layout.sharded, layout.rows)
-        ]
+        full = list(local)
+        for ix in layout.sharded_groups:
+            got = _gather(fc, [local[i] for i in ix], [layout.rows[i] for i in ix], n, group)
+            for i, t in zip(ix, got):
+                full[i] = t
         grads_full, loss = torch.func.grad_and_value(loss_fn)(map_leaves(params, full), batch)
         gfull = [g for _, g in leaves_with_paths(grads_full)]
-        grads = []
-        for g, t, p, s in zip(gfull, local, dparams, layout.sharded):
-            g = _scatter(fc, g, t.shape[0], n, group) if s else _average(fc, g, n, group)
-            pl = _SHARDED if s else _REPLICATED
-            grads.append(
-                DTensor.from_local(
-                    g, layout.mesh, pl, run_check=False, shape=p.shape, stride=p.stride()
-                )
+        reduced = list(gfull)
+        for ix in layout.sharded_groups:
+            rows = [local[i].shape[0] for i in ix]
+            for i, g in zip(ix, _scatter(fc, [gfull[i] for i in ix], rows, n, group)):
+                reduced[i] = g
+        for ix in layout.replicated_groups:
+            for i, g in zip(ix, _average(fc, [gfull[i] for i in ix], n, group)):
+                reduced[i] = g
+        grads = [
+            DTensor.from_local(
+                g,
+                layout.mesh,
+                _SHARDED if s else _REPLICATED,
+                run_check=False,
+                shape=p.shape,
+                stride=p.stride(),
             )
+            for g, p, s in zip(reduced, dparams, layout.sharded)
+        ]
         updates, new_state = optimizer.update(map_leaves(params, grads), state, params)
         new_params = optim.apply_updates(params, updates)
-        return new_params, new_state, _average(fc, loss.detach(), n, group)
+        (mean_loss,) = _average(fc, [loss.detach()], n, group)
+        return new_params, new_state, mean_loss
 
 
 Signature = tuple[
