@@ -43,8 +43,13 @@ docs: $(DSTAMP)
 docs-serve: $(DSTAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
+# two workers (this machine has two cores; most tests are single-threaded compile work), each
+# test file on one worker (module-scoped launches run once); multi-process launches scale
+# their deadlines with the load
+XDIST  ?= -n 2 --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules tdfunc tests
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --doctest-modules tdfunc tests
 
 # the same suite on another torch release of the supported range (pyproject.toml), in a venv
 # of its own: make test-torch V=2.15.0 (or 2.14.1; V=2.13.0 is what make test runs). The
@@ -64,7 +69,7 @@ $(TSTAMP):
 	touch $@
 
 test-torch: $(TSTAMP)
-	$(TVENV)/bin/python -m pytest -q -p no:cacheprovider --doctest-modules $(TORCH_TESTS)
+	$(TVENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) --doctest-modules $(TORCH_TESTS)
 
 # a long run of the program fuzzer (make test runs a few hundred programs; this thousands)
 # and of the safetensors differential fuzzer (make test: 300 files; this 10,000)

@@ -202,6 +202,7 @@ def test_public_api_is_the_operations() -> None:
         "DEFAULT_BACKEND",
         "DEFAULT_TIMEOUT",
         "PendingSave",
+        "ShardedStep",
         "Traffic",
         "Transfer",
         "TransferPlan",
@@ -216,6 +217,7 @@ def test_public_api_is_the_operations() -> None:
         "redistribute",
         "save_checkpoint",
         "send",
+        "sharded_step",
         "to_local",
         "transfer_plan",
     ]
