@@ -112,8 +112,8 @@ def train(rank: int, world: int, step: Any, params: Any, state: Any, batches: li
     return params, state, losses
 
 
-def run_train(rank: int, world: int, ckpt: str) -> dict[str, Any]:
-    """Eager and compiled training, the inputs left alone, one graph, a checkpoint."""
+def run_train(rank: int, world: int, ckpt: str, compiled: bool = True) -> dict[str, Any]:
+    """Eager (and compiled) training, the inputs left alone, one graph, a checkpoint."""
     mesh = init_device_mesh("cpu", (world,))
     m = model()
     opt = optimizer()
@@ -139,6 +139,8 @@ def run_train(rank: int, world: int, ckpt: str) -> dict[str, Any]:
     )
     res["out_placements"] = [repr(v.placements[0]) for v in params.values(True, True)]
 
+    if not compiled:
+        return res
     # aot_eager: AOTAutograd functionalizes the graph with its collectives, as inductor does
     cnt = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     cstep = tdd.sharded_step(loss_fn_of(m), opt, compile=True, backend=cnt)

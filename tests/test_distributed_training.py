@@ -3,7 +3,8 @@
 Every multi-rank run is compared with one process training the same model on the whole
 batch (float64; the sums run in another order, so values agree to rounding, not bit for bit).
 A 2-rank launch trains eagerly and compiled and saves a checkpoint midway; a 1-rank launch
-resumes from it; a 4-rank launch trains eagerly; error paths run on 2 ranks.
+resumes from it; a 4-rank launch trains eagerly and a 2-rank launch resumes its checkpoint;
+error paths run on 2 ranks.
 """
 
 from __future__ import annotations
@@ -79,11 +80,11 @@ def test_resume_on_one_rank_continues_the_trajectory(two: Any, ref: Any) -> None
 def test_four_ranks_match_and_resume_on_two(tmp_path: Path, ref: Any) -> None:
     losses, params = ref
     ckpt = str(tmp_path / "ckpt")
-    res = launch(W.run_train, 4, args=(ckpt,), timeout=400, pg_timeout=90)
+    # eager only: the compiled step is checked on 2 ranks (the graph does not depend on n)
+    res = launch(W.run_train, 4, args=(ckpt, False), timeout=400, pg_timeout=90)
     for r in res:
         torch.testing.assert_close(torch.tensor(r["eager_losses"]), torch.tensor(losses), **TOL)
         _close(r["eager_params"], params)
-        assert r["frames"] == 1
     resumed = launch(W.run_resume, 2, args=(ckpt,), timeout=200, pg_timeout=60)
     for r in resumed:
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(losses[3:]), **TOL)
