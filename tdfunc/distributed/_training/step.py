@@ -267,9 +267,7 @@ Signature = tuple[
 ]
 
 
-def _signature(
-    layout: _Layout, pairs: list[tuple[KeyPath, Tensor]], state: Any, batch: Any
-) -> Signature:
+def _signature(pairs: list[tuple[KeyPath, Tensor]], state: Any, batch: Any) -> Signature:
     """What the ranks compare: key paths, shapes, dtypes and placements of the parameters
     (global), the state and the batch (this rank's part), and the batch's structure."""
     paths: list[KeyPath] = []
@@ -345,7 +343,7 @@ class ShardedStep(Generic[P, S]):
             # and its outputs do not require grad; detached here, the first call and the next
             # ones (with the outputs) match the same compiled graph
             params = map_leaves(params, [p.detach() for _, p in pairs])  # type: ignore[arg-type]
-        sig = _signature(layout, pairs, state, batch)
+        sig = _signature(pairs, state, batch)
         if sig not in self._agreed:
             paths, shapes, dtypes, placements = sig
             agree.check(OP, OP, layout.mesh, paths, shapes, dtypes, placements, ())
