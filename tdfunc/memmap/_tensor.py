@@ -72,9 +72,10 @@ Calling the compiled function on new data saved at the same path does not recomp
 
 Mapping
 -------
-The whole file is mapped once with ``torch.UntypedStorage.from_file`` (``shared=True`` for
-``"r+"``, private otherwise; it closes its descriptor after mapping, so many mapped leaves do
-not use up descriptors). Each leaf gets a storage *of its own*: a slice of that mapping that
+The whole file is mapped once with libc's ``mmap`` on an open descriptor (``MAP_SHARED`` for
+``"r+"``; ``MAP_PRIVATE | MAP_NORESERVE`` otherwise, from a read-only descriptor) and wrapped as
+one storage; the descriptor is closed after mapping, so many mapped leaves do not use up
+descriptors (``_mapping.map_fd``). Each leaf gets a storage *of its own*: a slice of that mapping that
 covers exactly the leaf's bytes and keeps the mapping alive. This matters under
 ``torch.compile``: functionalizing an in-place write clones "the whole storage" of the written
 input (``clone_preserve_strides``); with one storage for the whole file that would copy the
