@@ -42,6 +42,7 @@ timeout.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -170,19 +171,11 @@ def _gather(fc: Any, local: list[Tensor], rows: list[int], n: int, group: Any) -
     every = fc.all_gather_single(flat, 0, group).view(n, -1)  # rank-major
     out, off = [], 0
     for t, per, r in zip(local, pers, rows):
-        size = per * _inner(t)
+        size = per * math.prod(t.shape[1:])
         block = every[:, off : off + size].reshape(n * per, *t.shape[1:])
         out.append(block if n * per == r else block[:r])
         off += size
     return out
-
-
-def _inner(t: Tensor) -> int:
-    """Elements per row of ``t`` (also when it has no rows)."""
-    k = 1
-    for d in t.shape[1:]:
-        k *= d
-    return k
 
 
 def _scatter(
@@ -195,7 +188,7 @@ def _scatter(
     mine = fc.reduce_scatter_single(torch.cat(parts, dim=1).reshape(-1), "sum", 0, group) / n
     out, off = [], 0
     for g, per, lr in zip(grads, pers, local_rows):
-        size = per * _inner(g)
+        size = per * math.prod(g.shape[1:])
         block = mine[off : off + size].view(per, *g.shape[1:])
         out.append(block if lr == per else block[:lr])
         off += size
