@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -872,3 +873,27 @@ def test_compiled_call_after_eager_calls_takes_no_plan():
         assert_close(fn(state, x), _reference(m, state, x))
     assert counter.frame_count == 1
     assert_close(functional_call(m, from_module(m) * 5, (x,)), _reference(m, from_module(m) * 5, x))
+
+
+def test_grad_over_vmap_ensemble_copies_without_a_batching_fallback() -> None:
+    # torch.func.grad outside torch.vmap: the private copy of a parameter sits under a vmap
+    # level above a grad level; copy-on-write has no batching rule there (torch warns of a
+    # slow fallback), so the copy must be a plain clone
+    import warnings
+
+    torch.manual_seed(0)
+    base = torch.nn.Linear(3, 2)
+    members = [torch.nn.Linear(3, 2) for _ in range(4)]
+    stacked = tdfunc.stack([tdfunc.from_module(m).detach() for m in members])
+    x = torch.randn(5, 3)
+
+    def loss(p: Any, call: Any) -> torch.Tensor:
+        return torch.vmap(lambda q: call(base, q, (x,)), in_dims=0)(p).pow(2).mean()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = torch.func.grad(loss)(stacked, tdfunc.functional_call)
+    flat = dict(stacked.flatten_keys(".").items())
+    want = torch.func.grad(loss)(flat, torch.func.functional_call)
+    for k, v in want.items():
+        torch.testing.assert_close(got.flatten_keys(".")[k], v)

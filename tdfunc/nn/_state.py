@@ -71,8 +71,9 @@ def private_copy(t: Tensor, buffer: bool = False) -> Tensor:
     under ``torch.vmap`` levels, of the tensor under the batched wrappers, wrapped again).
     Buffers (``buffer=True``) and memory-mapped leaves get a copy: torch's copy-on-write cannot
     grow a tensor (``resize_``, which observers do to their buffers) and needs memory torch
-    allocated; buffers are small state. Under a ``torch.func.grad`` level above a ``torch.vmap``
-    level the copy is a plain clone (copy-on-write has no batching rule).
+    allocated; buffers are small state. Where a ``torch.func.grad`` level and a ``torch.vmap``
+    level meet (either one outside) the copy is a plain clone (copy-on-write has no batching
+    rule).
 
     Example:
         >>> import torch
@@ -89,8 +90,9 @@ def private_copy(t: Tensor, buffer: bool = False) -> Tensor:
     while _is_wrapped(base):
         if not is_batchedtensor(base):
             # a differentiated tensor: the copy must stay differentiable; copy-on-write has
-            # no batching rule and needs memory torch allocated
-            return t.clone() if _no_cow_below(base) else lazy_clone(t)
+            # no batching rule (a vmap level above this one, or below it) and needs memory
+            # torch allocated
+            return t.clone() if levels or _no_cow_below(base) else lazy_clone(t)
         levels.append((maybe_get_bdim(base), maybe_get_level(base)))
         base = get_unwrapped(base)
     out = _cow_or_copy(base, buffer)
