@@ -517,15 +517,34 @@ import torch, tdfunc
 from tdfunc import optim
 
 torch.set_num_threads(1)
-kind = sys.argv[1]
+kind, which = sys.argv[1], sys.argv[2]
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-x, y = torch.randn(256, 8), torch.randn(256, 1)
+if which == "gpt2":
+    from compile_benchmarks.test_bench_optim import gpt2, lm_loss
+
+    model = gpt2()
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    y = x
+
+    def forward(call, p, x):
+        return call(model, p, (x,)).logits
+
+    def loss_of(out, y):
+        return lm_loss(out, y)
+else:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    x, y = torch.randn(256, 8), torch.randn(256, 1)
+
+    def forward(call, p, x):
+        return call(model, p, (x,))
+
+    def loss_of(out, y):
+        return ((out - y) ** 2).mean()
 if kind == "tdfunc":
     opt = optim.adamw(lr=torch.tensor(1e-3))
 
     def loss_fn(p, x, y):
-        return ((tdfunc.functional_call(model, p, (x,)) - y) ** 2).mean()
+        return loss_of(forward(tdfunc.functional_call, p, x), y)
 
     def step(p, s, x, y):
         g, loss = torch.func.grad_and_value(loss_fn)(p, x, y)
@@ -533,14 +552,14 @@ if kind == "tdfunc":
         return p, s, loss
 
     fn = tdfunc.compile(step, donate=(0, 1), fullgraph=True)
-    p = tdfunc.from_module(model).detach().clone()
+    p = tdfunc.from_module(model, buffers=False).detach().clone()
     args = (p, opt.init(p), x, y)
 else:
     params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
     topt = torch.optim.AdamW(list(params.values()), lr=torch.tensor(1e-3))
 
     def step(x, y):
-        loss = ((torch.func.functional_call(model, params, (x,)) - y) ** 2).mean()
+        loss = loss_of(forward(torch.func.functional_call, params, x), y)
         loss.backward()
         topt.step()
         topt.zero_grad()
@@ -555,11 +574,14 @@ print(json.dumps({"first_call_s": time.perf_counter() - t0}))
 
 
 @pytest.mark.bench_full_only
-def test_first_call_cold_and_warm(benchmark: Any, tmp_path: Any) -> None:
-    """First call of a compiled MLP training step (forward, backward, AdamW) in a fresh
-    process: with an empty compile cache (cold) and with the cache the cold process left
-    (warm: torch's inductor and AOTAutograd caches, on by default), tdfunc against the same
-    step over a dict with torch.optim."""
+@pytest.mark.parametrize("which", ["mlp", "gpt2"])
+def test_first_call_cold_and_warm(benchmark: Any, tmp_path: Any, which: str) -> None:
+    """First call of a compiled training step (forward, backward, AdamW; an MLP, or GPT-2 on
+    a [2, 16] token batch) in a fresh process: with an empty compile cache (cold) and with
+    the cache the cold process left (warm: torch's inductor and AOTAutograd caches, on by
+    default), tdfunc against the same step over a dict with torch.optim."""
+    if which == "gpt2":
+        pytest.importorskip("transformers")
     import json
     import os
     import subprocess
@@ -568,7 +590,7 @@ def test_first_call_cold_and_warm(benchmark: Any, tmp_path: Any) -> None:
     def first_call(kind: str) -> float:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / kind)}
         out = subprocess.run(
-            [sys.executable, "-c", _FIRST_CALL_SCRIPT, kind],
+            [sys.executable, "-c", _FIRST_CALL_SCRIPT, kind, which],
             capture_output=True,
             text=True,
             timeout=900,
@@ -580,7 +602,7 @@ def test_first_call_cold_and_warm(benchmark: Any, tmp_path: Any) -> None:
     cold = {k: first_call(k) for k in ("tdfunc", "dicts")}
     warm = {k: first_call(k) for k in ("tdfunc", "dicts")}
     info = {
-        "workload": "first_call_mlp_train_step",
+        "workload": f"first_call_{which}_train_step",
         "mode": "compiled",
         "contender": "tdfunc",
         "category": CATEGORY,
@@ -591,7 +613,7 @@ def test_first_call_cold_and_warm(benchmark: Any, tmp_path: Any) -> None:
     }
     benchmark.extra_info.update(info)
     print(
-        f"\nfirst call of a compiled MLP train step: cold tdfunc {cold['tdfunc']:.1f} s vs "
+        f"\nfirst call of a compiled {which} train step: cold tdfunc {cold['tdfunc']:.1f} s vs "
         f"dicts {cold['dicts']:.1f} s ({info['cold_ratio']:.2f}x; target <= 1.0); warm / cold: "
         f"tdfunc {info['warm_over_cold']['tdfunc']:.2f}, dicts "
         f"{info['warm_over_cold']['dicts']:.2f} (target <= 0.2)"
