@@ -225,3 +225,17 @@ def run_dead_rank(rank: int, world: int) -> dict[str, Any]:
 
 def is_dtensor(x: Any) -> bool:
     return isinstance(x, DTensor)
+
+
+def run_layout_errors(rank: int, world: int) -> dict[str, Any]:
+    """Parameters the step refuses on their own (one rank): none, or on a 2-D mesh."""
+    mesh2 = init_device_mesh("cpu", (world, 1))
+    m = model()
+    opt = optimizer()
+    step = tdd.sharded_step(loss_fn_of(m), opt)
+    batch = global_batches(1)[0]
+    on_2d = tdd.distribute(tdfunc.from_module(m), mesh2, [Shard(0), Replicate()])
+    return {
+        "empty": _caught(lambda: step(tdfunc.TensorDict(), tdfunc.TensorDict(), batch)),
+        "mesh_2d": _caught(lambda: step(on_2d, opt.init(on_2d), batch)),
+    }

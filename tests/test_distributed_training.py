@@ -132,3 +132,10 @@ def test_constructor_checks() -> None:
     step = sharded_step(lambda p, b: p, optim.sgd(0.1), compile=False)
     assert isinstance(step, ShardedStep)
     assert step.compiled is False
+
+
+def test_parameters_the_step_refuses() -> None:
+    (res,) = launch(W.run_layout_errors, 1, timeout=200, pg_timeout=60)
+    assert res["empty"].startswith("ValueError: sharded_step: the parameter container has no")
+    assert res["mesh_2d"].startswith("ValueError: sharded_step: key ('embed', 'weight')")
+    assert "1-D mesh" in res["mesh_2d"]
