@@ -33,6 +33,11 @@ LEN_UNBATCHED = (
 BOOL_AMBIGUOUS = (
     "the truth value of a {cls} is ambiguous; use .all() or .any(), which return 0-d bool tensors"
 )
+UNKNOWN_CONTAINER_TYPE = (
+    "a pytree structure names a container type {name!r}, which is not registered in this "
+    "process; import the module that defines it first"
+)
+BAD_CONTEXT = "a serialized pytree structure holds a malformed TensorDict/tensorclass context"
 VMAP_DIM = (
     "torch.vmap maps dim {dim} of the leaf at key {key!r}, which is not a batch dim of its "
     "TensorDict/tensorclass ({batch_dims} batch dims): in_dims for a container must name one of "

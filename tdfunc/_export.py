@@ -1,9 +1,11 @@
 """``torch.export`` support: the ``dynamic_shapes`` spec that marks batch dims dynamic.
 
 ``torch.export.export`` pairs ``dynamic_shapes`` with the flattened inputs: for a pytree node
-such as a TensorDict it expects a *list* with one entry per child, in flatten order (a nested
-container is a nested list). :func:`dynamic_batch_shapes` writes that list from an example
-input, so no one has to spell out the flatten order by hand.
+such as a TensorDict it expects a *list* with one entry per child, in flatten order. To torch's
+pytree a container and every container nested in it are one node whose children are all its
+tensor leaves (depth first, in key order), so the list is flat: one entry per leaf.
+:func:`dynamic_batch_shapes` writes that list from an example input, so no one has to spell
+out the flatten order by hand.
 
 Saving and loading exported programs needs nothing more: TensorDict and tensorclasses are
 registered with a ``serialized_type_name`` (their pytree specs are written as JSON) and are
@@ -26,12 +28,15 @@ def _leaf_spec(dims: Mapping[int, Any]) -> dict[int, Any] | None:
     return dict(dims) if dims else None
 
 
-def _node_spec(node: Any, dims: Mapping[int, Any]) -> list[Any]:
-    out: list[Any] = []
+def _node_spec(node: Any, dims: Mapping[int, Any], out: list[Any] | None = None) -> list[Any]:
+    out = [] if out is None else out
     for v in node._tdf_children():
         if v is None:
             continue  # a None field is structure, not a child
-        out.append(_leaf_spec(dims) if isinstance(v, Tensor) else _node_spec(v, dims))
+        if isinstance(v, Tensor):
+            out.append(_leaf_spec(dims))
+        else:
+            _node_spec(v, dims, out)  # nested containers: their leaves, in place
     return out
 
 

@@ -278,34 +278,78 @@ def same_structure(a: Any, b: Any) -> bool:
 # --------------------------------------------------------------------------------------
 # pytree registration
 # --------------------------------------------------------------------------------------
-def _context(node: Node, children: Sequence[Any]) -> tuple:
-    """The pytree context of ``node`` whose children are ``children`` (one pass over them).
+# For torch's pytree a node and every node below it form ONE pytree node whose children are
+# the tensor leaves of the whole container (depth first, key order): torch.func transforms
+# flatten and unflatten their arguments about a dozen times per call, and torch's pure-Python
+# pytree costs a TreeSpec per node. The nested nodes' structure lives in the context (``subs``).
+# Key paths (``tree_flatten_with_path``) still name every level: ``flatten_with_keys`` returns a
+# node's own children and torch walks the nested nodes through their own registration. optree
+# (C++, cheap per node) keeps one pytree node per container.
 
-    ``(keys, batch_dims, child_ndims, device, empty_batch, static, leafless)``: ``child_ndims``
-    holds each child's ndim (batch ndim for nodes; -1 for a ``None`` field, -2 for a
-    non-tensor); ``leafless`` the positions of node children without tensor leaves (they
-    follow the parent's batch size at unflatten); ``empty_batch`` the absolute batch size,
-    kept only when no child carries tensors.
+#: node class -> (serialized type name, rebuild_from_context); filled by :func:`register`
+_CLASSES: dict[type, tuple[str, Callable[..., Any]]] = {}
+#: serialized type name -> node class (the last class registered under that name)
+_BY_NAME: dict[str, type] = {}
+
+
+def _token(cls: type) -> Any:
+    """A nested node's class inside a context: its serialized name when that name is its
+    own (a plain string constant: hashable, JSON, accepted by torch.fx), the class otherwise."""
+    name = _CLASSES[cls][0]
+    return name if _BY_NAME.get(name) is cls else cls
+
+
+def _class_of(token: Any) -> type:
+    """The node class a context token names (``ValueError`` for an unknown name)."""
+    if isinstance(token, str):
+        cls = _BY_NAME.get(token)
+        if cls is None:
+            raise ValueError(E.UNKNOWN_CONTAINER_TYPE.format(name=token))
+        return cls
+    return token
+
+
+def _node_context(node: Node, children: Sequence[Any], out: list[Any] | None) -> tuple[tuple, bool]:
+    """The context of ``node`` (children ``children``) and whether it holds a tensor.
+
+    ``(keys, batch_dims, child_ndims, device, empty_batch, static, leafless, subs)``:
+    ``child_ndims`` holds each child's ndim (batch ndim for nodes; -1 for a ``None`` field, -2
+    for a non-tensor); ``leafless`` the positions of node children without tensor leaves (they
+    follow the parent's batch size at unflatten); ``empty_batch`` the absolute batch size, kept
+    only when no child carries tensors. With ``out`` (torch's deep flatten) the children go to
+    ``out``, nested nodes flattened in place, and ``subs`` holds ``(position, class token,
+    context)`` of each nested node; without it (optree) ``subs`` is empty and nested nodes are
+    children of their own.
     """
     ndims = []
     leafless = []
+    subs = []
     has_ref = False
     for i, v in enumerate(children):
         if isinstance(v, Tensor):
             ndims.append(v.ndim)
             has_ref = True
+            if out is not None:
+                out.append(v)
         elif v is None:
             ndims.append(-1)  # a None field: kept in the structure, not among the children
         elif isinstance(v, Node):
             ndims.append(len(v._batch_size))
-            if has_leaves(v):
+            if out is not None:
+                sub, held = _node_context(v, v._tdf_children(), out)
+                subs.append((i, _token(type(v)), sub))
+            else:
+                held = has_leaves(v)
+            if held:
                 has_ref = True
             else:
                 leafless.append(i)
         else:
             ndims.append(-2)  # a non-tensor child (e.g. the ints of a vmap in_dims tree)
+            if out is not None:
+                out.append(v)
     dev = node._device
-    return (
+    ctx = (
         node._tdf_keys(),
         len(node._batch_size),
         tuple(ndims),
@@ -313,13 +357,21 @@ def _context(node: Node, children: Sequence[Any]) -> tuple:
         None if has_ref else tuple([int(s) for s in node._batch_size]),
         node._tdf_static(),
         tuple(leafless),
+        tuple(subs),
     )
+    return ctx, has_ref
+
+
+def _context(node: Node, children: Sequence[Any]) -> tuple:
+    """The one-level context of ``node`` (nested nodes are children; optree's form)."""
+    return _node_context(node, children, None)[0]
 
 
 def flatten(node: Node) -> tuple[list[Any], tuple]:
-    """pytree flatten: children (``None`` fields stay in the structure, not the children)."""
-    ch = node._tdf_children()
-    return [v for v in ch if v is not None], _context(node, ch)
+    """pytree flatten (torch): every leaf of the container, nested nodes in the context."""
+    out: list[Any] = []
+    ctx, _ = _node_context(node, node._tdf_children(), out)
+    return out, ctx
 
 
 _is_batched = is_batchedtensor
@@ -359,23 +411,27 @@ def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
     carry no information and are skipped. Returns None when the children are not tensors
     (e.g. pytree ``in_dims`` trees).
     """
-    keys, bd, ndims, _dev, empty, _static, leafless = ctx
+    bd, ndims, leafless = ctx[1], ctx[2], ctx[6]
     for i, (c, nd) in enumerate(zip(children, ndims)):
-        if nd == -1 or i in leafless:
+        if nd == -1 or (leafless and i in leafless):
             continue
         if isinstance(c, Tensor):
-            new_bd = bd + c.ndim - nd
+            moved = c.ndim - nd
+            if not moved:  # the common case: no transform added or removed a batch dim
+                return c.shape[:bd]
+            new_bd = bd + moved
             if new_bd == bd - 1 and _is_batched(c):
-                _check_vmap_input(c, bd, keys[i])
+                _check_vmap_input(c, bd, ctx[0][i])
             return c.shape[: _nonneg(new_bd)]
         if isinstance(c, Node):
             new_bd = bd + len(c._batch_size) - nd
             if new_bd == bd - 1:
                 first = _first_tensor(c)
                 if first is not None and _is_batched(first):
-                    _check_vmap_input(first, bd, keys[i])
+                    _check_vmap_input(first, bd, ctx[0][i])
             return c._batch_size[: _nonneg(new_bd)]
         return None
+    empty = ctx[4]
     return torch.Size(empty if empty is not None else ())
 
 
@@ -396,21 +452,103 @@ def _follow_parent(
     return children
 
 
+def _build(cls_rebuild: Callable[..., Any], full: list[Any], ctx: tuple) -> Any:
+    """Derive the batch size of a node whose children ``full`` (``None`` fields in place)
+    are built, and rebuild it."""
+    bs = derive_batch_size(full, ctx)
+    if bs is None:
+        bs = torch.Size(())
+    elif ctx[6]:
+        full = _follow_parent(full, ctx[6], ctx[2], ctx[1], bs)
+    dev = ctx[3]
+    return cls_rebuild(ctx[0], full, bs, None if dev is None else torch.device(dev), ctx[5])
+
+
+def _unflatten_deep(cls_rebuild: Callable[..., Any], it: Iterator[Any], ctx: tuple) -> Any:
+    """Rebuild a node and the nodes below it (``subs`` of ``ctx``) from the leaves ``it``."""
+    ndims, subs = ctx[2], ctx[7]
+    full: list[Any] = []
+    j = 0
+    for i, nd in enumerate(ndims):
+        if nd == -1:
+            full.append(None)
+        elif j < len(subs) and subs[j][0] == i:
+            cls = _class_of(subs[j][1])
+            full.append(_unflatten_deep(_CLASSES[cls][1], it, subs[j][2]))
+            j += 1
+        else:
+            full.append(next(it))
+    return _build(cls_rebuild, full, ctx)
+
+
 def unflatten_with(cls_rebuild: Callable[..., Any], children: Sequence[Any], ctx: tuple) -> Any:
-    """Shared unflatten: put ``None`` fields back, derive batch size, rebuild."""
-    keys, bd, ndims, dev, _empty, static, leafless = ctx
+    """Shared unflatten: put ``None`` fields back, rebuild nested nodes, derive batch size."""
+    if len(ctx) > 7 and ctx[7]:
+        # torch's unflatten hands exactly the leaves of the spec
+        return _unflatten_deep(cls_rebuild, iter(children), ctx)
+    ndims = ctx[2]
     if -1 in ndims:
         it = iter(children)
         full: list[Any] = [None if nd == -1 else next(it) for nd in ndims]
     else:
         full = list(children)
-    bs = derive_batch_size(full, ctx)
-    if bs is None:
-        bs = torch.Size(())
-    elif leafless:
-        full = _follow_parent(full, leafless, ndims, bd, bs)
-    device = None if dev is None else torch.device(dev)
-    return cls_rebuild(keys, full, bs, device, static)
+    return _build(cls_rebuild, full, ctx)
+
+
+def is_container_type_name(name: str) -> bool:
+    """True when ``name`` is the serialized type name of a TensorDict or tensorclass."""
+    return name in _BY_NAME
+
+
+def nested_type_names(dumped: Any) -> list[str]:
+    """The class names of the nested nodes in a JSON-dumped context (outermost first).
+
+    Lets a reader of untrusted metadata check every container type before rebuilding.
+    Walks iteratively: any depth is safe. ``ValueError`` when the value is not a context.
+    """
+    names: list[str] = []
+    stack = [dumped]
+    while stack:
+        obj = stack.pop()
+        if not isinstance(obj, list) or len(obj) not in (7, 8):
+            raise ValueError(E.BAD_CONTEXT)
+        if len(obj) == 8:
+            for sub in obj[7]:
+                if not (isinstance(sub, list) and len(sub) == 3 and isinstance(sub[1], str)):
+                    raise ValueError(E.BAD_CONTEXT)
+                names.append(sub[1])
+                stack.append(sub[2])
+    return names
+
+
+def _to_dumpable(ctx: tuple) -> Any:
+    keys, bd, ndims, dev, empty, static, leafless = ctx[:7]
+    subs = ctx[7] if len(ctx) > 7 else ()
+    return [
+        list(keys),
+        bd,
+        list(ndims),
+        dev,
+        None if empty is None else list(empty),
+        _static_to_json(static),
+        list(leafless),
+        [[i, _CLASSES[_class_of(t)][0], _to_dumpable(c)] for i, t, c in subs],
+    ]
+
+
+def _from_dumpable(obj: Any) -> tuple:
+    keys, bd, ndims, dev, empty, static, leafless = obj[:7]
+    subs = obj[7] if len(obj) > 7 else []  # a 7-entry context: nested nodes are children
+    return (
+        tuple(keys),
+        int(bd),
+        tuple(ndims),
+        dev,
+        None if empty is None else tuple(empty),
+        _static_from_json(static),
+        tuple(leafless),
+        tuple((int(i), _token(_class_of(name)), _from_dumpable(c)) for i, name, c in subs),
+    )
 
 
 def register(
@@ -424,38 +562,18 @@ def register(
 
     ``rebuild_from_context(keys, children, batch_size, device, static)`` builds an instance.
     """
+    _CLASSES[cls] = (serialized_type_name, rebuild_from_context)
+    _BY_NAME[serialized_type_name] = cls
 
     def _unflatten(children: Any, ctx: tuple) -> Any:
         return unflatten_with(rebuild_from_context, children, ctx)
 
     def _flatten_with_keys(node: Node) -> tuple[list[tuple[Any, Any]], tuple]:
+        # one level (nested nodes are walked through their own registration): key paths
+        # name every level, and the leaves come in the order of ``flatten``
         ks, ch = node._tdf_keys(), node._tdf_children()
         pairs = [(key_entry(k), v) for k, v in zip(ks, ch) if v is not None]
         return pairs, _context(node, ch)
-
-    def _to_dumpable(ctx: tuple) -> Any:
-        keys, bd, ndims, dev, empty, static, leafless = ctx
-        return [
-            list(keys),
-            bd,
-            list(ndims),
-            dev,
-            None if empty is None else list(empty),
-            _static_to_json(static),
-            list(leafless),
-        ]
-
-    def _from_dumpable(obj: Any) -> tuple:
-        keys, bd, ndims, dev, empty, static, leafless = obj
-        return (
-            tuple(keys),
-            int(bd),
-            tuple(ndims),
-            dev,
-            None if empty is None else tuple(empty),
-            _static_from_json(static),
-            tuple(leafless),
-        )
 
     pytree.register_pytree_node(
         cls,

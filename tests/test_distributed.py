@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from tdfunc import TensorDict
 from tdfunc import distributed as tdd
+from tdfunc._compat import pytree
 from tdfunc.distributed._common import errors as E
 from tdfunc.distributed._common import placements as codec
 from tdfunc.distributed._common import wire
@@ -102,6 +104,17 @@ def test_transfer_metadata_checks() -> None:
             },
         ]
     )
+    # a container nested in a container is named in its parent's context
+    td = TensorDict(a=torch.zeros(2), n={"b": torch.ones(2)}, batch_size=[2])
+    nested = json.loads(pytree.treespec_dumps(pytree.tree_structure(td)))
+    wire.check_tree_types(nested)
+    ctx = nested[1]["context"]
+    ctx[7][0][1] = "nowhere.Inner"
+    with pytest.raises(ValueError, match="not registered in this process") as e:
+        wire.check_tree_types(nested)
+    assert str(e.value) == E.UNKNOWN_NODE_TYPE.format(name="nowhere.Inner")
+    with pytest.raises(ValueError, match="not registered in this process"):
+        pytree.treespec_loads(json.dumps(nested))  # the decoder refuses it too
     with pytest.raises(ValueError, match="cannot be sent") as e:
         wire._mesh_fields((1,) * 9, None)
     assert str(e.value) == E.MESH_TOO_LARGE.format(max=wire.MAX_MESH_DIMS, ndim=9)

@@ -50,8 +50,8 @@ def round_trip(ep: torch.export.ExportedProgram, caplog) -> torch.export.Exporte
 def test_dynamic_batch_shapes_spec():
     td = make_td(4)
     b = Dim("b")
-    assert dynamic_batch_shapes((td, torch.zeros(2)), b) == ([{0: b}, [{0: b}, {0: b}]], None)
-    assert dynamic_batch_shapes(td) == [{0: Dim.DYNAMIC}, [{0: Dim.DYNAMIC}, {0: Dim.DYNAMIC}]]
+    assert dynamic_batch_shapes((td, torch.zeros(2)), b) == ([{0: b}, {0: b}, {0: b}], None)
+    assert dynamic_batch_shapes(td) == [{0: Dim.DYNAMIC}] * 3  # one entry per leaf
     two = TensorDict({"x": torch.randn(2, 3, 4)}, batch_size=[2, 3])
     assert dynamic_batch_shapes({"t": two}, {0: b, 1: Dim.AUTO}) == {"t": [{0: b, 1: Dim.AUTO}]}
     expected = NOT_A_BATCH_DIM.format(dim=1, cls="TensorDict", path="[0]", batch_size=(4,))

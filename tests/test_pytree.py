@@ -8,6 +8,7 @@ import json
 import pickle
 
 import optree
+import pytest
 import torch
 import torch.utils._pytree as P
 from torch.export import Dim
@@ -156,7 +157,7 @@ def test_export_dynamic_batch_and_save_load():
     m = M()
     td = TensorDict({"x": torch.randn(4, 3), "n": {"z": torch.randn(4)}}, batch_size=[4])
     b = Dim("b")
-    ep = torch.export.export(m, (td,), dynamic_shapes=([{0: b}, [{0: b}]],))
+    ep = torch.export.export(m, (td,), dynamic_shapes=([{0: b}, {0: b}],))
     td7 = TensorDict({"x": torch.randn(7, 3), "n": {"z": torch.randn(7)}}, batch_size=[7])
     out = ep.module()(td7)
     assert isinstance(out, TensorDict)
@@ -182,3 +183,88 @@ def test_pickle_copy_deepcopy():
     d = copy.deepcopy(td)
     assert d["a"] is not td["a"]
     assert_close(d, td)
+
+
+@tdfunc.tensorclass
+class _Inner:
+    x: torch.Tensor
+    label: str = "inner"
+
+
+def _deep() -> TensorDict:
+    return TensorDict(
+        {
+            "a": torch.randn(2, 3),
+            "n": {"m": {"b": torch.randn(2)}, "empty": TensorDict(batch_size=[2, 4])},
+            "t": _Inner(x=torch.randn(2, 5), batch_size=[2]),
+        },
+        batch_size=[2],
+    )
+
+
+def test_a_container_is_one_pytree_node_with_every_leaf() -> None:
+    td = _deep()
+    leaves, spec = P.tree_flatten(td)
+    # one node whose children are the leaves (torch.func transforms flatten their arguments
+    # about a dozen times per call; a TreeSpec per nested node cost ~35% of a grad call)
+    assert spec.num_children == spec.num_leaves == 3
+    assert all(c.is_leaf() for c in spec.children())
+    assert [leaf is x for leaf, x in zip(leaves, (td["a"], td["n", "m", "b"], td["t"].x))] == [
+        True
+    ] * 3
+    # key paths still name every level
+    paths = [P.keystr(p) for p, _ in P.tree_flatten_with_path(td)[0]]
+    assert paths == ["['a']", "['n']['m']['b']", "['t'].x"]
+    back = P.tree_unflatten([x * 2 for x in leaves], spec)
+    assert isinstance(back["t"], _Inner)
+    assert back["t"].label == "inner"
+    assert back["n", "empty"].batch_size == (2, 4)
+    assert_close(back["n", "m", "b"], td["n", "m", "b"] * 2)
+    # the JSON form carries the nested types by name and comes back equal
+    again = P.treespec_loads(P.treespec_dumps(spec))
+    assert again == spec
+    assert_close(P.tree_unflatten(leaves, again), td)
+    # optree (namespace "tdfunc") keeps one node per container, with its own path entries
+    _, ospec = optree.tree_flatten(td, namespace=tdfunc.OPTREE_NAMESPACE)
+    assert ospec.num_children == 3
+    assert ospec.num_leaves == 3
+
+
+def test_vmap_keeps_nested_batch_sizes_through_one_node() -> None:
+    td = _deep()
+    out = torch.func.vmap(lambda t: t.apply(lambda x: x + 1))(td)
+    assert out.batch_size == (2,)
+    assert out["n", "empty"].batch_size == (2, 4)
+    assert out["t"].batch_size == (2,)
+    assert out["n", "m"].batch_size == (2,)
+    assert_close(out["t"].x, td["t"].x + 1)
+
+
+def test_a_spec_saved_with_one_node_per_container_still_loads() -> None:
+    # the earlier form: a 7-entry context and nested containers as child specs
+    td = TensorDict({"a": torch.zeros(2), "n": {"b": torch.ones(2, 3)}}, batch_size=[2])
+    inner = {
+        "type": "tdfunc.TensorDict",
+        "context": [["b"], 1, [2], None, None, [], []],
+        "children_spec": [{"type": None, "context": None, "children_spec": []}],
+    }
+    old = [
+        1,
+        {
+            "type": "tdfunc.TensorDict",
+            "context": [["a", "n"], 1, [1, 1], None, None, [], []],
+            "children_spec": [{"type": None, "context": None, "children_spec": []}, inner],
+        },
+    ]
+    spec = P.treespec_loads(json.dumps(old))
+    back = P.tree_unflatten(P.tree_leaves(td), spec)
+    assert_close(back, td)
+    assert back["n"].batch_size == (2,)
+
+
+def test_a_spec_naming_an_unknown_nested_container_is_refused() -> None:
+    td = TensorDict({"n": {"b": torch.ones(2)}}, batch_size=[2])
+    dumped = json.loads(P.treespec_dumps(P.tree_structure(td)))
+    dumped[1]["context"][7][0][1] = "elsewhere.Missing"
+    with pytest.raises(ValueError, match=r"'elsewhere\.Missing', which is not registered"):
+        P.treespec_loads(json.dumps(dumped))

@@ -40,6 +40,7 @@ from torch.distributed.tensor import DTensor
 
 from ..._compat import pytree
 from ..._keys import KeyPath, fmt_key
+from ..._tree import is_container_type_name, nested_type_names
 from . import errors as E
 from .placements import encode_placements
 
@@ -422,6 +423,13 @@ def check_tree_types(tree: Any, message: str = E.UNKNOWN_NODE_TYPE) -> None:
         name = node.get("type")
         if name is not None and name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
             raise ValueError(message.format(name=name))
+        if name is not None and is_container_type_name(name):
+            # a container holds the containers nested in it in its context
+            ctx = node.get("context")
+            ctx = json.loads(ctx) if isinstance(ctx, str) else ctx
+            for inner in nested_type_names(ctx) if isinstance(ctx, list) else ():
+                if inner not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
+                    raise ValueError(message.format(name=inner))
         stack.extend(node.get("children_spec", []))
 
 
