@@ -21,7 +21,8 @@ from tdfunc import distributed as tdd
 from tdfunc import optim
 
 VOCAB, WIDTH, SEQ, BATCH = 11, 6, 5, 8  # rows 11, 6 and 3: uneven over 2 and 4 ranks
-STEPS = 6
+STEPS = 50
+SPLIT = 25  # the checkpoint is taken after this many steps
 
 
 class TinyLM(torch.nn.Module):
@@ -39,9 +40,26 @@ class TinyLM(torch.nn.Module):
         return self.head(self.block(self.embed(tokens)))
 
 
-def model() -> TinyLM:
+def model(kind: str = "tiny") -> torch.nn.Module:
+    """The model, float64: ``"tiny"`` (:class:`TinyLM`) or ``"gpt2"`` (transformers' GPT-2
+    from a small config: two blocks, tied embedding and head)."""
     torch.manual_seed(0)
-    return TinyLM().double()
+    if kind == "tiny":
+        return TinyLM().double()
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=SEQ,
+        n_embd=8,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        use_cache=False,
+    )
+    return GPT2LMHeadModel(cfg).double()
 
 
 def global_batches(steps: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -56,7 +74,8 @@ def global_batches(steps: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor]
 def loss_fn_of(m: torch.nn.Module) -> Any:
     def loss_fn(params: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
-        logits = tdfunc.functional_call(m, params, (x,))
+        out = tdfunc.functional_call(m, params, (x,))
+        logits = out if isinstance(out, torch.Tensor) else out.logits  # GPT-2's output
         return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
 
     return loss_fn
@@ -69,9 +88,9 @@ def optimizer() -> optim.GradientTransformation:
     return optim.chain(optim.clip_by_global_norm(0.05), optim.adamw(3e-2, weight_decay=0.1))
 
 
-def reference(steps: int = STEPS) -> tuple[list[float], dict[str, list[float]]]:
+def reference(steps: int = STEPS, kind: str = "tiny") -> tuple[list[float], dict[str, list[float]]]:
     """One process, the whole batch: the losses and the final parameters."""
-    m = model()
+    m = model(kind)
     loss_fn, opt = loss_fn_of(m), optimizer()
     params = tdfunc.from_module(m)
     state = opt.init(params)
@@ -112,10 +131,12 @@ def train(rank: int, world: int, step: Any, params: Any, state: Any, batches: li
     return params, state, losses
 
 
-def run_train(rank: int, world: int, ckpt: str, compiled: bool = True) -> dict[str, Any]:
+def run_train(
+    rank: int, world: int, ckpt: str, compiled: bool = True, kind: str = "tiny"
+) -> dict[str, Any]:
     """Eager (and compiled) training, the inputs left alone, one graph, a checkpoint."""
     mesh = init_device_mesh("cpu", (world,))
-    m = model()
+    m = model(kind)
     opt = optimizer()
     res: dict[str, Any] = {}
     params0 = tdd.distribute(tdfunc.from_module(m), mesh, _placements)
@@ -128,10 +149,10 @@ def run_train(rank: int, world: int, ckpt: str, compiled: bool = True) -> dict[s
     batches = global_batches()
 
     step = tdd.sharded_step(loss_fn_of(m), opt)
-    params, state, losses = train(rank, world, step, params0, state0, batches[:3])
-    # a checkpoint after 3 steps, then 3 more
+    params, state, losses = train(rank, world, step, params0, state0, batches[:SPLIT])
+    # a checkpoint after SPLIT steps, then the rest
     tdd.save_checkpoint(ckpt, tdfunc.TensorDict(params=params, state=state), overwrite=True)
-    params, state, more = train(rank, world, step, params, state, batches[3:])
+    params, state, more = train(rank, world, step, params, state, batches[SPLIT:])
     res["eager_losses"] = losses + more
     res["eager_params"] = _full(params)
     res["inputs_unchanged"] = all(
@@ -152,7 +173,8 @@ def run_train(rank: int, world: int, ckpt: str, compiled: bool = True) -> dict[s
 
 
 def run_resume(rank: int, world: int, ckpt: str) -> dict[str, Any]:
-    """Load the 3-step checkpoint on this (other) number of ranks and train 3 more steps."""
+    """Load the checkpoint taken after SPLIT steps on this (other) number of ranks and train
+    the remaining steps."""
     mesh = init_device_mesh("cpu", (world,))
     m = model()
     opt = optimizer()
@@ -161,7 +183,7 @@ def run_resume(rank: int, world: int, ckpt: str) -> dict[str, Any]:
     loaded = tdd.load_checkpoint(ckpt, like)
     step = tdd.sharded_step(loss_fn_of(m), opt)
     params, _, losses = train(
-        rank, world, step, loaded["params"], loaded["state"], global_batches()[3:]
+        rank, world, step, loaded["params"], loaded["state"], global_batches()[SPLIT:]
     )
     return {"losses": losses, "params": _full(params)}
 
@@ -235,7 +257,14 @@ def run_layout_errors(rank: int, world: int) -> dict[str, Any]:
     step = tdd.sharded_step(loss_fn_of(m), opt)
     batch = global_batches(1)[0]
     on_2d = tdd.distribute(tdfunc.from_module(m), mesh2, [Shard(0), Replicate()])
+    # two 1-D meshes over the same ranks (different dim names): the head on the second
+    mesh_a = init_device_mesh("cpu", (world,), mesh_dim_names=("a",))
+    mesh_b = init_device_mesh("cpu", (world,), mesh_dim_names=("b",))
+    mixed = tdd.distribute(tdfunc.from_module(m), mesh_a, [Shard(0)])
+    head = tdd.distribute(tdfunc.from_module(m.head), mesh_b, [Shard(0)])
+    mixed = mixed.set("head", head)
     return {
         "empty": _caught(lambda: step(tdfunc.TensorDict(), tdfunc.TensorDict(), batch)),
         "mesh_2d": _caught(lambda: step(on_2d, opt.init(on_2d), batch)),
+        "mixed_mesh": _caught(lambda: step(mixed, opt.init(mixed), batch)),
     }

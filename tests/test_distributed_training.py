@@ -1,7 +1,8 @@
 """tdfunc.distributed.sharded_step: a data-parallel step over sharded parameters.
 
-Every multi-rank run is compared with one process training the same model on the whole
-batch (float64; the sums run in another order, so values agree to rounding, not bit for bit).
+Every multi-rank run (50 steps, a checkpoint after 25) is compared with one process training
+the same model on the whole batch (float64; the sums run in another order, so values agree to
+rounding, not bit for bit).
 A 2-rank launch trains eagerly and compiled and saves a checkpoint midway; a 1-rank launch
 resumes from it; a 4-rank launch trains eagerly and a 2-rank launch resumes its checkpoint;
 error paths run on 2 ranks.
@@ -64,7 +65,7 @@ def test_compiled_step_is_one_graph_and_matches(two: Any, ref: Any) -> None:
     res, _ = two
     losses, params = ref
     for r in res:
-        assert r["frames"] == 1  # one graph for six steps: no graph break, no recompile
+        assert r["frames"] == 1  # one graph for all the steps: no graph break, no recompile
         torch.testing.assert_close(torch.tensor(r["compiled_losses"]), torch.tensor(losses), **TOL)
         _close(r["compiled_params"], params)
 
@@ -73,7 +74,9 @@ def test_resume_on_one_rank_continues_the_trajectory(two: Any, ref: Any) -> None
     _res, ckpt = two
     losses, params = ref
     (resumed,) = launch(W.run_resume, 1, args=(str(ckpt),), timeout=200, pg_timeout=60)
-    torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(losses[3:]), **TOL)
+    torch.testing.assert_close(
+        torch.tensor(resumed["losses"]), torch.tensor(losses[W.SPLIT :]), **TOL
+    )
     _close(resumed["params"], params)
 
 
@@ -87,8 +90,24 @@ def test_four_ranks_match_and_resume_on_two(tmp_path: Path, ref: Any) -> None:
         _close(r["eager_params"], params)
     resumed = launch(W.run_resume, 2, args=(ckpt,), timeout=200, pg_timeout=60)
     for r in resumed:
-        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(losses[3:]), **TOL)
+        torch.testing.assert_close(
+            torch.tensor(r["losses"]), torch.tensor(losses[W.SPLIT :]), **TOL
+        )
         _close(r["params"], params)
+
+
+def test_gpt2_on_two_ranks_matches_one_process(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    losses, params = W.reference(kind="gpt2")
+    res = launch(
+        W.run_train, 2, args=(str(tmp_path / "ckpt"), False, "gpt2"), timeout=400, pg_timeout=90
+    )
+    for r in res:
+        torch.testing.assert_close(torch.tensor(r["eager_losses"]), torch.tensor(losses), **TOL)
+        _close(r["eager_params"], params)
+    assert "transformer.wte.weight" in params  # the tied embedding and head: one leaf
+    assert "lm_head.weight" not in params
+    assert losses[-1] < losses[0]
 
 
 def test_ranks_that_disagree_all_raise() -> None:
@@ -139,3 +158,9 @@ def test_parameters_the_step_refuses() -> None:
     assert res["empty"].startswith("ValueError: sharded_step: the parameter container has no")
     assert res["mesh_2d"].startswith("ValueError: sharded_step: key ('embed', 'weight')")
     assert "1-D mesh" in res["mesh_2d"]
+    assert res["mixed_mesh"].startswith("ValueError: sharded_step: key ('head', 'weight') lives on")
+    assert "dim_names=('b',)" in res["mixed_mesh"]
+    assert (
+        "the first parameter lives on DeviceMesh(ranks=[0], dim_names=('a',))"
+        in (res["mixed_mesh"])
+    )
