@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from . import _errors as E
-from ._compat import pytree
+from ._compat import is_traceable_wrapper_subclass, pytree
 from ._keys import fmt_key
 from ._tree import KeyPath, Node, is_node, leaves, leaves_with_paths
 
@@ -137,6 +137,26 @@ def _overlap(a: Tensor, b: Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def _memory(t: Tensor) -> list[Tensor]:
+    """The tensors that hold ``t``'s memory: ``t`` itself, or for a wrapper subclass with no
+    storage of its own (a DTensor: its local shard) the tensors inside it."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+    inner = [getattr(t, n) for n in names]  # DTensor also lists its (opaque) mesh
+    return [m for x in inner if isinstance(x, Tensor) for m in _memory(x)]
+
+
+def _kind(t: Tensor) -> tuple[Any, ...]:
+    """What an output must share with a donated tensor to be written into it: dtype, device,
+    layout and ndim; for a DTensor also its mesh and placements (a copy between placements
+    would redistribute, and the output would come back with the donor's layout)."""
+    key: tuple[Any, ...] = (t.dtype, t.device, t.layout, t.dim())
+    if is_traceable_wrapper_subclass(t):
+        key += (type(t), getattr(t, "device_mesh", None), getattr(t, "placements", None))
+    return key
+
+
 def check_donated(
     args: Sequence[Any],
     kwargs: dict[str, Any],
@@ -153,10 +173,12 @@ def check_donated(
     the positional arguments in messages (default: "argument i")."""
     from .memmap._tensor import MemoryMappedTensor
 
-    def at(arg: int | str, t: Tensor) -> str:
-        # key paths are looked up only to name a leaf in an error
+    def at(arg: int | str, t: Tensor, nth: int = 0) -> str:
+        # key paths are looked up only to name a leaf in an error (``nth``: the same tensor
+        # under a second key)
         x = args[arg] if isinstance(arg, int) else kwargs[arg]
-        path = next((p for p, v in _paths(x) if v is t), ())
+        found = [p for p, v in _paths(x) if v is t]
+        path = found[min(nth, len(found) - 1)] if found else ()
         where = names[arg] if isinstance(arg, int) and arg < len(names) else f"argument {arg!r}"
         return f"{where}, key {'.'.join(path)!r}" if path else where
 
@@ -179,22 +201,28 @@ def check_donated(
                 raise ValueError(E.DONATE_REQUIRES_GRAD.format(what=what, at=at(i, t)))
             out.append((i, t))
     # overlaps: extents are compared only between leaves that share a storage (rare)
-    by_storage: dict[int, list[tuple[int, Tensor]]] = {}
+    # (argument, leaf, memory tensor): a DTensor's memory is its local shard
+    by_storage: dict[int, list[tuple[int, Tensor, Tensor]]] = {}
     for i, t in out:
-        group = by_storage.setdefault(t.untyped_storage().data_ptr(), [])
-        for k, other in group:
-            if _overlap(t, other):
-                raise ValueError(E.DONATE_ALIAS.format(what=what, a=at(k, other), b=at(i, t)))
-        group.append((i, t))
+        for m in _memory(t):
+            group = by_storage.setdefault(m.untyped_storage().data_ptr(), [])
+            for k, other, om in group:
+                if _overlap(m, om):
+                    second = 1 if other is t and k == i else 0
+                    raise ValueError(
+                        E.DONATE_ALIAS.format(what=what, a=at(k, other), b=at(i, t, second))
+                    )
+            group.append((i, t, m))
     donated = set(donate)
     others: list[tuple[int | str, Any]] = [(j, a) for j, a in enumerate(args) if j not in donated]
     for name, a in [*others, *kwargs.items()]:
         for t in _tensor_leaves(a):
-            for k, other in by_storage.get(t.untyped_storage().data_ptr(), ()):
-                if _overlap(t, other):
-                    raise ValueError(
-                        E.DONATE_ALSO_PASSED.format(what=what, a=at(k, other), b=at(name, t))
-                    )
+            for m in _memory(t):
+                for k, other, om in by_storage.get(m.untyped_storage().data_ptr(), ()):
+                    if _overlap(m, om):
+                        raise ValueError(
+                            E.DONATE_ALSO_PASSED.format(what=what, a=at(k, other), b=at(name, t))
+                        )
     return out
 
 
@@ -252,11 +280,11 @@ def store_outputs(out: Any, donors: list[Tensor]) -> Any:
     free: dict[Any, list[int]] = {}
     for k, d in enumerate(donors):
         if not used[k]:
-            free.setdefault((d.dtype, d.device, d.layout, d.dim()), []).append(k)
+            free.setdefault(_kind(d), []).append(k)
     for j, o in enumerate(new):
         if not isinstance(o, Tensor) or position.get(o) is not None:
             continue
-        bucket = free.get((o.dtype, o.device, o.layout, o.dim()))
+        bucket = free.get(_kind(o))
         if not bucket:
             continue
         for i, k in enumerate(bucket):

@@ -268,3 +268,37 @@ def run_layout_errors(rank: int, world: int) -> dict[str, Any]:
         "mesh_2d": _caught(lambda: step(on_2d, opt.init(on_2d), batch)),
         "mixed_mesh": _caught(lambda: step(mixed, opt.init(mixed), batch)),
     }
+
+
+def run_donated_dtensors(rank: int, world: int) -> dict[str, Any]:
+    """``tdfunc.compile(..., donate=...)`` over a container of DTensors, eager and compiled."""
+    mesh = init_device_mesh("cpu", (world,))
+    base = tdfunc.TensorDict(a=torch.arange(12.0).reshape(4, 3), b=torch.ones(3))
+    placements = {"a": [Shard(0)], "b": [Replicate()]}
+    params = tdd.distribute(base, mesh, lambda path, leaf: placements[path[-1]])
+
+    def f(p: Any) -> Any:
+        return p.apply(lambda x: x * 2 + 1)
+
+    res: dict[str, Any] = {}
+    cnt = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    for name, kw in (("eager", {"disable": True}), ("compiled", {"backend": cnt})):
+        g = tdfunc.compile(f, donate=(0,), fullgraph=True, **kw)
+        p = params.clone()
+        donors = {k: p[k] for k in ("a", "b")}
+        out = g(p)
+        out = g(out)  # the outputs are donated in turn
+        res[name] = {
+            "same_objects": all(out[k] is donors[k] for k in donors),
+            "placements": [repr(out[k].placements[0]) for k in ("a", "b")],
+            "values": tdd.full_tensor(out, compile=False)["a"].tolist(),
+            "reuse": _caught(lambda p=p, g=g: g(p)),
+        }
+    res["frames"] = cnt.frame_count
+    # two donated leaves over one local memory: the same DTensor under two keys, and another
+    # DTensor around the same local shard
+    g = tdfunc.compile(f, donate=(0,), disable=True)
+    res["alias"] = _caught(lambda: g(params.set("c", params["a"])))
+    other = DTensor.from_local(params["a"].to_local(), mesh, [Shard(0)], run_check=False)
+    res["alias_local"] = _caught(lambda: g(params.set("c", other)))
+    return res

@@ -223,6 +223,9 @@ def test_overlapping_views_of_one_buffer_are_refused_disjoint_ones_accepted() ->
     fn = tdfunc.compile(lambda t: t * 2, donate=0, backend="eager")
     with pytest.raises(ValueError, match="share memory"):
         fn(tdfunc.TensorDict(a=flat[:4], b=flat[2:]))
+    # one tensor under two keys: the message names both
+    with pytest.raises(ValueError, match="key 'a' and argument 0, key 'b' share memory"):
+        fn(tdfunc.TensorDict(a=flat, b=flat))
     out = fn(tdfunc.TensorDict(a=flat[:3], b=flat[3:]))
     assert flat.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     assert out["a"].data_ptr() == flat.data_ptr()
@@ -291,3 +294,23 @@ def test_first_call_with_memory_mapped_leaves_warns_and_a_copy_compiles_once(
         p, o = fn(p, o)
     assert cnt.frame_count == 1
     assert o["w"].tolist() == [2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.slow
+def test_donated_dtensors_eager_and_compiled() -> None:
+    import _dist_training as W
+
+    from tdfunc.testing import launch
+
+    (res,) = launch(W.run_donated_dtensors, 1, timeout=200, pg_timeout=60)
+    want = [[(4 * x + 3) for x in row] for row in torch.arange(12.0).reshape(4, 3).tolist()]
+    for name in ("eager", "compiled"):
+        r = res[name]
+        assert r["same_objects"] is True, name  # the outputs live in the donated DTensors
+        assert r["placements"] == ["Shard(dim=0)", "Replicate()"], name
+        assert r["values"] == want, name
+        assert r["reuse"].startswith("DonatedError: "), r["reuse"]
+    assert res["frames"] == 1
+    for case in ("alias", "alias_local"):
+        assert res[case].startswith("ValueError: "), res[case]
+        assert "key 'a' and argument 0, key 'c' share memory" in res[case], res[case]
