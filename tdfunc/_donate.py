@@ -142,7 +142,7 @@ def _memory(t: Tensor) -> list[Tensor]:
     storage of its own (a DTensor: its local shard) the tensors inside it."""
     if not is_traceable_wrapper_subclass(t):
         return [t]
-    names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+    names, _ = t.__tensor_flatten__()
     inner = [getattr(t, n) for n in names]  # DTensor also lists its (opaque) mesh
     return [m for x in inner if isinstance(x, Tensor) for m in _memory(x)]
 
