@@ -23,6 +23,7 @@ from tdfunc import optim
 VOCAB, WIDTH, SEQ, BATCH = 11, 6, 5, 8  # rows 11, 6 and 3: uneven over 2 and 4 ranks
 STEPS = 50
 SPLIT = 25  # the checkpoint is taken after this many steps
+DONATED_STEPS = 5
 
 
 class TinyLM(torch.nn.Module):
@@ -169,6 +170,27 @@ def run_train(
     res["compiled_losses"] = losses
     res["compiled_params"] = _full(params)
     res["frames"] = cnt.frame_count
+
+    # donated, eager and compiled: the values of the undonated steps, in the given shards
+    dcnt = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    for name, kw in (("eager", {}), ("compiled", {"compile": True, "backend": dcnt})):
+        dstep = tdd.sharded_step(loss_fn_of(m), opt, donate=True, **kw)
+        p, s = params0.clone(), state0.clone()
+        memory = [v.to_local().data_ptr() for v in p.values(True, True)]
+        first = p
+        losses, same_objects = [], []
+        for batch in batches[:DONATED_STEPS]:
+            given = list(p.values(True, True))  # p is consumed by the call
+            p, s, loss = dstep(p, s, _local(batch, rank, world))
+            same_objects.append(all(a is b for a, b in zip(p.values(True, True), given)))
+            losses.append(loss.item())
+        res[f"donated_{name}"] = {
+            "losses": losses,
+            "in_place": [v.to_local().data_ptr() for v in p.values(True, True)] == memory,
+            "same_objects": same_objects,  # the first call's inputs require grad: detached
+            "reuse": _caught(lambda first=first, s=s, dstep=dstep: dstep(first, s, batches[0])),
+        }
+    res["donated_frames"] = dcnt.frame_count
     return res
 
 

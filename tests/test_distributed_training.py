@@ -70,6 +70,21 @@ def test_compiled_step_is_one_graph_and_matches(two: Any, ref: Any) -> None:
         _close(r["compiled_params"], params)
 
 
+def test_donated_step_writes_the_same_values_into_the_given_shards(two: Any) -> None:
+    res, _ = two
+    n = W.DONATED_STEPS
+    for r in res:
+        for name, undonated in (("eager", r["eager_losses"]), ("compiled", r["compiled_losses"])):
+            d = r[f"donated_{name}"]
+            assert d["losses"] == undonated[:n], name  # bit for bit
+            assert d["in_place"] is True, name
+            # the first call writes into detached views of its inputs (they require grad)
+            assert d["same_objects"] == [False] + [True] * (n - 1), name
+            assert d["reuse"].startswith("DonatedError: params was donated to sharded_step"), d
+            assert "(call 1)" in d["reuse"]
+        assert r["donated_frames"] == 1
+
+
 def test_resume_on_one_rank_continues_the_trajectory(two: Any, ref: Any) -> None:
     _res, ckpt = two
     losses, params = ref

@@ -320,6 +320,10 @@ STEP_MESH_NDIM = (
     "{op}: key {key} lives on {mesh}; the sharded step needs a 1-D mesh (FSDP's Shard(0) or "
     "DDP's Replicate() along it)"
 )
+STEP_DONATED = (
+    "{what} was donated to sharded_step (call {call}): its buffers now hold that call's "
+    "outputs; use the values it returned"
+)
 STEP_MIXED_MESH = (
     "{op}: key {key} lives on {mesh} but the first parameter lives on {first}; every "
     "parameter must share one 1-D mesh"

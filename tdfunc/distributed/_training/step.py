@@ -53,8 +53,9 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ... import optim
 from ..._compat import functional_collectives, pytree
+from ..._donate import check_donated, check_not_consumed, consume, store_outputs
 from ..._keys import KeyPath, fmt_key
-from ..._tree import is_node, leaves_with_paths, map_leaves
+from ..._tree import is_node, leaves, leaves_with_paths, map_leaves
 from .._common import agree
 from .._common import errors as E
 from .._common.mesh import describe_mesh
@@ -255,6 +256,24 @@ def _core(
         return new_params, new_state, mean_loss
 
 
+def _core_donated(
+    loss_fn: Callable[[Any, Any], Tensor],
+    optimizer: optim.GradientTransformation,
+    layout: _Layout,
+    params: Any,
+    state: Any,
+    batch: Any,
+) -> tuple[Any, Any, Tensor]:
+    """:func:`_core` with the new parameters and state written into the given ones (donated:
+    compiled, inductor stores the results straight into the local shards)."""
+    new_params, new_state, loss = _core(loss_fn, optimizer, layout, params, state, batch)
+    with torch.no_grad():
+        new_params, new_state = store_outputs(
+            (new_params, new_state), [*leaves(params), *leaves(state)]
+        )
+    return new_params, new_state, loss
+
+
 Signature = tuple[
     tuple[KeyPath, ...], tuple[tuple[int, ...], ...], tuple[torch.dtype, ...], tuple[Any, ...]
 ]
@@ -301,6 +320,8 @@ class ShardedStep(Generic[P, S]):
         loss_fn: the loss function it differentiates.
         optimizer: the gradient transformation it applies.
         compiled: whether the step runs as one compiled graph.
+        donate: whether the parameters and state passed in are donated.
+        calls: the number of calls so far.
     """
 
     def __init__(
@@ -309,6 +330,7 @@ class ShardedStep(Generic[P, S]):
         optimizer: optim.GradientTransformation,
         *,
         compile: bool = False,
+        donate: bool = False,
         **compile_kwargs: Any,
     ) -> None:
         if not callable(loss_fn):
@@ -318,12 +340,18 @@ class ShardedStep(Generic[P, S]):
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.compiled = bool(compile)
-        self._core: Callable[..., tuple[Any, Any, Tensor]] = _core
+        self.donate = bool(donate)
+        self.calls = 0
+        core = _core_donated if donate else _core
+        self._core: Callable[..., tuple[Any, Any, Tensor]] = core
         if compile:
-            self._core = torch.compile(_core, fullgraph=True, **compile_kwargs)
+            self._core = torch.compile(core, fullgraph=True, **compile_kwargs)
         self._agreed: set[Any] = set()
 
     def __call__(self, params: P, state: S, batch: Any) -> tuple[P, S, Tensor]:
+        if self.donate:  # a consumed container says so before anything reads it
+            check_not_consumed(params)
+            check_not_consumed(state)
         try:
             layout, pairs = _layout(params)
         except (TypeError, ValueError):
@@ -331,6 +359,13 @@ class ShardedStep(Generic[P, S]):
             if mesh is not None:
                 agree.reject(OP, mesh)
             raise
+        given = (params, state)
+        if self.donate:
+            try:
+                check_donated(given, {}, (0, 1), OP, grad_ok=True, names=("params", "state"))
+            except ValueError:  # leaves that share memory: tell the other ranks
+                agree.reject(OP, layout.mesh)
+                raise
         if any(p.requires_grad for _, p in pairs):
             # parameters distributed from nn.Parameters: the step records nothing for autograd,
             # and its outputs do not require grad; detached here, the first call and the next
@@ -341,7 +376,12 @@ class ShardedStep(Generic[P, S]):
             paths, shapes, dtypes, placements = sig
             agree.check(OP, OP, layout.mesh, paths, shapes, dtypes, placements, ())
             self._agreed.add(sig)
-        return self._core(self.loss_fn, self.optimizer, layout, params, state, batch)
+        out = self._core(self.loss_fn, self.optimizer, layout, params, state, batch)
+        self.calls += 1
+        if self.donate:
+            for i, x in enumerate(given):
+                consume(x, E.STEP_DONATED.format(what=("params", "state")[i], call=self.calls))
+        return out
 
 
 def _some_mesh(*trees: Any) -> DeviceMesh | None:
@@ -360,6 +400,7 @@ def sharded_step(
     optimizer: optim.GradientTransformation,
     *,
     compile: bool = False,
+    donate: bool = False,
     **compile_kwargs: Any,
 ) -> ShardedStep[Any, Any]:
     """A data-parallel training step over parameters sharded across the ranks of a mesh.
@@ -385,6 +426,11 @@ def sharded_step(
             gradients, parameters and state, so a global-norm clip reduces across ranks.
         compile: run the step as one ``torch.compile(fullgraph=True)`` graph per rank,
             collectives included (no graph break; a new graph only for a new structure).
+        donate: the caller will not use the parameters and state it passes again: the new
+            ones are written into their local shards (compiled, inductor stores the results
+            there: no new buffers per step) and the containers passed in are consumed (a
+            later use raises :class:`tdfunc.DonatedError`), as with
+            :func:`tdfunc.compile`'s ``donate``; the values are those of the undonated step.
         **compile_kwargs: passed to ``torch.compile`` (``backend``, ``mode``...).
 
     Returns:
@@ -396,7 +442,10 @@ def sharded_step(
             ``params`` that is not a container.
         ValueError: at a call, parameters on a mesh that is not 1-D or on different meshes,
             a placement other than ``Shard(0)`` / ``Replicate()`` (each naming the key), or
-            ranks that pass different structures (raised on every rank before data moves).
+            ranks that pass different structures (raised on every rank before data moves);
+            with ``donate=True``, donated leaves that share memory.
+        tdfunc.DonatedError: with ``donate=True``, parameters or state that an earlier call
+            consumed.
 
     Example:
         >>> import torch, torch.distributed as dist, tdfunc
@@ -418,4 +467,4 @@ def sharded_step(
         >>> loss.shape, type(params["weight"]).__name__
         (torch.Size([]), 'DTensor')
     """
-    return ShardedStep(loss_fn, optimizer, compile=compile, **compile_kwargs)
+    return ShardedStep(loss_fn, optimizer, compile=compile, donate=donate, **compile_kwargs)
