@@ -335,11 +335,13 @@ def _node_context(node: Node, children: Sequence[Any], out: list[Any] | None) ->
             ndims.append(-1)  # a None field: kept in the structure, not among the children
         elif isinstance(v, Node):
             ndims.append(len(v._batch_size))
-            if out is not None:
+            if out is not None and type(v) in _CLASSES:
                 sub, held = _node_context(v, v._tdf_children(), out)
                 subs.append((i, _token(type(v)), sub))
-            else:
+            else:  # optree's form, or a class not registered: a child of its own
                 held = has_leaves(v)
+                if out is not None:
+                    out.append(v)
             if held:
                 has_ref = True
             else:

@@ -268,3 +268,15 @@ def test_a_spec_naming_an_unknown_nested_container_is_refused() -> None:
     dumped[1]["context"][7][0][1] = "elsewhere.Missing"
     with pytest.raises(ValueError, match=r"'elsewhere\.Missing', which is not registered"):
         P.treespec_loads(json.dumps(dumped))
+
+
+def test_a_nested_container_of_an_unregistered_subclass_stays_one_child() -> None:
+    class Sub(TensorDict):  # not registered with pytree: a leaf to torch, as before
+        __slots__ = ()
+
+    td = TensorDict(n=Sub(a=torch.zeros(2), batch_size=[2]), b=torch.ones(2), batch_size=[2])
+    leaves, spec = P.tree_flatten(td)
+    assert [type(x).__name__ for x in leaves] == ["Sub", "Tensor"]
+    back = P.tree_unflatten(leaves, spec)
+    assert type(back["n"]) is Sub
+    assert back.batch_size == (2,)
