@@ -45,11 +45,14 @@ docs-serve: $(DSTAMP)
 
 # two workers (this machine has two cores; most tests are single-threaded compile work), each
 # test file on one worker (module-scoped launches run once); multi-process launches scale
-# their deadlines with the load
+# their deadlines with the load. One intra-op thread per process (OMP_NUM_THREADS, unless
+# set): two workers and their rank processes share two cores, and OpenMP pools spin-wait
+# on each other (the sharded-training tests ran 25% faster with one thread)
 XDIST  ?= -n 2 --dist loadfile
+THREADS := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --doctest-modules tdfunc tests
+	$(THREADS) $(PY) -m pytest -q -p no:cacheprovider $(XDIST) --doctest-modules tdfunc tests
 
 # the same suite on another torch release of the supported range (pyproject.toml), in a venv
 # of its own: make test-torch V=2.15.0 (or 2.14.1; V=2.13.0 is what make test runs). The
@@ -69,7 +72,7 @@ $(TSTAMP):
 	touch $@
 
 test-torch: $(TSTAMP)
-	$(TVENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) --doctest-modules $(TORCH_TESTS)
+	$(THREADS) $(TVENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) --doctest-modules $(TORCH_TESTS)
 
 # a long run of the program fuzzer (make test runs a few hundred programs; this thousands)
 # and of the safetensors differential fuzzer (make test: 300 files; this 10,000)
