@@ -17,7 +17,8 @@ FSDP2 with ``torch.compile`` on the model, its collectives run by its hooks):
   against a second tdfunc step) in the same run;
 * ``peak_mib``: the growth of the resident set during one eager step of a larger model (4
   layers, 256 wide: 3.2M parameters; Linux ``VmHWM`` after a reset, warm process; one fresh
-  2-rank launch per contender), the larger of the two ranks;
+  2-rank launch per contender, tdfunc also with ``donate=True``), the larger of the two
+  ranks;
 * ``bytes_per_step``: the bytes each rank hands to collectives in one step of that model (the
   input of every all-gather, reduce-scatter and all-reduce, counted by a dispatch mode).
 
@@ -81,7 +82,7 @@ def _lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _tdfunc_step(rank: int, compiled: bool, size: str = "time") -> Any:
+def _tdfunc_step(rank: int, compiled: bool, size: str = "time", donate: bool = False) -> Any:
     """A closure running one tdfunc sharded step on this rank (state kept inside)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
@@ -99,7 +100,7 @@ def _tdfunc_step(rank: int, compiled: bool, size: str = "time") -> Any:
         return _lm_loss(tdfunc.functional_call(model, p, (ids,)).logits, ids)
 
     kw = {"compile": True, "backend": "inductor"} if compiled else {}
-    step = tdd.sharded_step(loss_fn, opt, **kw)
+    step = tdd.sharded_step(loss_fn, opt, donate=donate, **kw)
     ids = _batch(rank)
     box = [params, opt.init(params)]
 
@@ -204,7 +205,10 @@ class _Bytes:
 def memory_ranks(rank: int, world: int, contender: str) -> dict[str, Any]:
     """Resident-set growth during one warm eager step, and the bytes sent by this rank."""
     torch.set_num_threads(1)
-    run = (_tdfunc_step if contender == "tdfunc" else _fsdp2_step)(rank, False, "memory")
+    if contender == "fsdp2":
+        run = _fsdp2_step(rank, False, "memory")
+    else:
+        run = _tdfunc_step(rank, False, "memory", donate=contender == "tdfunc_donated")
     for _ in range(3):
         run()
     counter = _Bytes()
@@ -231,7 +235,7 @@ def test_sharded_train_step_vs_fsdp2(benchmark: Any, bench_quick: bool, mode: st
     )[0]
     mem = {
         c: launch(memory_ranks, WORLD, args=(c,), timeout=900, pg_timeout=600)
-        for c in ("tdfunc", "fsdp2")
+        for c in ("tdfunc", "tdfunc_donated", "fsdp2")
     }
     peak = {c: max(r["peak"] for r in res) / 2**20 for c, res in mem.items()}
     sent = {c: max(r["bytes"] for r in res) for c, res in mem.items()}
@@ -254,6 +258,7 @@ def test_sharded_train_step_vs_fsdp2(benchmark: Any, bench_quick: bool, mode: st
         "ranks": WORLD,
         "peak_mib_tdfunc": peak["tdfunc"],
         "peak_mib_fsdp2": peak["fsdp2"],
+        "peak_mib_tdfunc_donated": peak["tdfunc_donated"],
         "peak_ratio": peak["tdfunc"] / peak["fsdp2"] if peak["fsdp2"] else float("nan"),
         "bytes_per_step_tdfunc": sent["tdfunc"],
         "bytes_per_step_fsdp2": sent["fsdp2"],
@@ -262,7 +267,8 @@ def test_sharded_train_step_vs_fsdp2(benchmark: Any, bench_quick: bool, mode: st
     print(
         f"\nsharded_train_gpt2 [{mode}] tdfunc / fsdp2: {info['ratio']:.3f} "
         f"[{info['ratio_min']:.3f}-{info['ratio_max']:.3f}]; A/A {info['aa']:.3f}; "
-        f"peak MiB {peak['tdfunc']:.1f} vs {peak['fsdp2']:.1f}; "
+        f"peak MiB {peak['tdfunc']:.1f} (donated {peak['tdfunc_donated']:.1f}) vs "
+        f"{peak['fsdp2']:.1f}; "
         f"bytes/step {sent['tdfunc']} vs {sent['fsdp2']}"
     )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)

@@ -30,7 +30,9 @@ layer-by-layer gathering, which keeps the peak near one layer, is not done).
 
 With ``compile=True`` the step is one ``torch.compile(fullgraph=True)`` graph per rank,
 collectives included (torch's functional collectives, which Dynamo traces); the structure
-check below runs eagerly before it, once per new structure.
+check below runs eagerly before it, once per new structure. With ``donate=True`` the new
+parameters and state are written into the local shards passed in (the donation rules of
+:func:`tdfunc.compile`: checked eagerly before the call, the containers consumed after it).
 
 Before the first call with a new structure every rank compares a digest of what it passes
 (parameter keys, global shapes, dtypes and placements, state keys and shapes, the keys,
