@@ -449,6 +449,16 @@ def _rewrite_manifest(root: Path, change: Any) -> None:
             E.CKPT_UNKNOWN_TYPE.format(name="nowhere.Missing"),
         ),
         (lambda m: m.update(tree=[1, 2]), tdd.CheckpointCorruptError, "bad structure"),
+        (  # a nested container's type is named in its parent's context
+            lambda m: m["tree"][1]["context"][7][0].__setitem__(1, "nowhere.Inner"),
+            ValueError,
+            E.CKPT_UNKNOWN_TYPE.format(name="nowhere.Inner"),
+        ),
+        (  # a malformed nested context: the decoder refuses it, the file is named
+            lambda m: m["tree"][1]["context"][7][0].__setitem__(2, [1, 2]),
+            tdd.CheckpointCorruptError,
+            "manifest.json is corrupt: bad structure",
+        ),
         (
             lambda m: m["leaves"].reverse(),
             tdd.CheckpointCorruptError,

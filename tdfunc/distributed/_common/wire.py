@@ -426,8 +426,12 @@ def check_tree_types(tree: Any, message: str = E.UNKNOWN_NODE_TYPE) -> None:
         if name is not None and is_container_type_name(name):
             # a container holds the containers nested in it in its context
             ctx = node.get("context")
-            ctx = json.loads(ctx) if isinstance(ctx, str) else ctx
-            for inner in nested_type_names(ctx) if isinstance(ctx, list) else ():
+            try:
+                ctx = json.loads(ctx) if isinstance(ctx, str) else ctx
+                inners = nested_type_names(ctx) if isinstance(ctx, list) else []
+            except (ValueError, RecursionError):
+                inners = []  # malformed: the decoder refuses it (a corrupt structure)
+            for inner in inners:
                 if inner not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
                     raise ValueError(message.format(name=inner))
         stack.extend(node.get("children_spec", []))
