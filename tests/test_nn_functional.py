@@ -822,6 +822,26 @@ def test_plan_sees_a_parameter_replaced_in_place():
     assert torch.equal(m[0].bias, torch.zeros(8))
 
 
+def test_plan_sees_slots_added_to_a_module_that_had_none():
+    """A module with no parameters, buffers or submodules (an activation) is checked too."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    state = from_module(m) * 2
+    x = torch.randn(5, 3)
+    functional_call(m, state, (x,))
+    assert _planned(m, state)
+    m[1].register_buffer("unused", torch.zeros(1))
+    assert not _planned(m, state)
+    with pytest.raises(KeyError, match=r"1\.unused"):
+        functional_call(m, state, (x,), strict=True)
+    del m[1].unused
+    m[1].add_module("inner", nn.Linear(1, 1))
+    assert not _planned(m, state)
+    with pytest.raises(KeyError, match=r"1\.inner\.weight"):
+        functional_call(m, state, (x,), strict=True)
+    assert_close(functional_call(m, state, (x,)), _reference(m, state, x))
+
+
 def test_plan_per_state_structure():
     """Calls alternating between states of different structures for one module."""
     torch.manual_seed(0)

@@ -444,7 +444,7 @@ def functional_call(
     """
     live, key = lookup(module, state, strict, tie_weights)
     if live is not None:
-        prepared, tensors, flat, alias = live.prepared, live.tensors, live.flat, live.alias
+        prepared, tensors, alias = live.prepared, live.tensors, live.alias
     else:
         matched = _full_match(module, state, strict, tie_weights)
         flat, alias = matched.out, matched.alias
@@ -455,8 +455,10 @@ def functional_call(
     if not return_state:
         if written:
             _raise_written(module, next(iter(written)))
-        for name, copy in maybe.items():
-            _assert_unwritten(module, name, copy, flat[name])
+        if maybe:
+            given = dict(zip(prepared.names, tensors))
+            for name, copy in maybe.items():
+                _assert_unwritten(module, name, copy, given[name])
         if created:
             raise PermissionError(
                 STATE_CREATED.format(key=next(iter(created)), cls=type(module).__name__)

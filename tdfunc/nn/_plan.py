@@ -9,8 +9,9 @@ loop. So the plan is kept, per module and per *(structure of the state, strict, 
 and used again only after a check, on every call, that the module is still the one it was made
 for (:meth:`Plan.live`):
 
-* every module of the walk is alive, of the same class, and its ``_parameters``, ``_buffers``
-  and ``_modules`` hold the same names, in the same order, with the very same objects (or
+* every module of the walk, found again from the module called through the same submodule
+  slots, is of the same class, and its ``_parameters``, ``_buffers`` and ``_modules`` hold
+  the same names, in the same order, with objects of the same identities (``id``; or
   ``None``) as when the plan was made; its set of non-persistent buffers is the same. This
   sees a parameter or buffer registered, deleted or replaced (by another tensor, another
   ``Parameter`` object or ``None``), a submodule added, removed or replaced, weights tied or
@@ -24,9 +25,14 @@ When any check fails, the call takes the full path (which raises the right error
 one) and its plan replaces the old one. The copies, the write marks, the created-state check
 and everything else that depends on values run on every call, exactly as on the full path.
 
+An identity recorded for an object that has died since may belong to a new object now, and
+that does not matter: the objects compared are all alive (a slot holds each), so equal
+identities mean the same objects are shared between slots (ties, a submodule under two names)
+and the same slots hold ``None``, which is all the plan took from the objects themselves.
+
 Nothing here holds the module: the cache is a :class:`weakref.WeakKeyDictionary` keyed by the
-module, and a plan refers to modules and tensors through weak references only (a plan keeps
-neither a module nor a replaced tensor alive). This is eager boundary code around the call:
+module, and a plan records identities and names only (it keeps neither a module nor a replaced
+tensor alive). This is eager boundary code around the call:
 while Dynamo traces :func:`tdfunc.functional_call`, :func:`lookup` is replaced by a twin that
 finds nothing (``_twins``), :func:`remember` is given no key and stores nothing, and the
 traced call takes the full path (whose result the compiled graph holds as constants).
@@ -148,38 +154,48 @@ def structure(state: Any, leaves: list[Tensor], names: list[str] | None = None) 
 # --------------------------------------------------------------------------------------
 # plans
 # --------------------------------------------------------------------------------------
-def _refs(m: nn.Module) -> tuple[Any, ...]:
-    """A weak reference to each object in the slot dictionaries of ``m`` (None for None)."""
-    return tuple(
-        None if v is None else weakref.ref(v)
-        for v in (*m._parameters.values(), *m._buffers.values(), *m._modules.values())
+def _signature(m: nn.Module) -> tuple[Any, ...] | None:
+    """What :meth:`Plan.live` compares: the number of parameter and buffer slots of ``m``, the
+    names in its three slot dictionaries and the identity of each object they hold (or of
+    ``None``), in order; None when all three are empty (most activation modules)."""
+    p, b, s = m._parameters, m._buffers, m._modules
+    if not (p or b or s):
+        return None
+    return (
+        len(p),
+        len(b),
+        *p,
+        *b,
+        *s,
+        *map(id, p.values()),
+        *map(id, b.values()),
+        *map(id, s.values()),
     )
 
 
 class Live:
     """A plan checked against the module and the given tensors: ready for one call."""
 
-    __slots__ = ("alias", "flat", "prepared", "tensors")
+    __slots__ = ("alias", "prepared", "tensors")
 
-    def __init__(
-        self,
-        prepared: Prepared,
-        tensors: list[Tensor],
-        flat: dict[str, Tensor],
-        alias: dict[str, str],
-    ) -> None:
+    def __init__(self, prepared: Prepared, tensors: list[Tensor], alias: dict[str, str]) -> None:
         self.prepared = prepared
-        #: the given tensors, one per name of ``prepared``; and by name
-        self.tensors, self.flat = tensors, flat
+        #: the given tensors, one per name of ``prepared``
+        self.tensors = tensors
         #: a second name of a tied tensor -> the first name (whose tensor the module uses)
         self.alias = alias
 
 
 class Plan:
-    """The plan of one module for one state structure, holding no module and no tensor."""
+    """The plan of one module for one state structure, holding no module and no tensor.
+
+    Modules are numbered in the order of the walk (the root is 0); a slot is a module number,
+    whether it is a buffer slot, and the attribute name.
+    """
 
     __slots__ = (
         "alias",
+        "any_none",
         "fused",
         "is_buffer",
         "leaf_of",
@@ -187,10 +203,12 @@ class Plan:
         "names",
         "norms",
         "observers",
+        "sizes",
         "slots",
         "swap_names",
-        "swap_slots",
         "swap_src",
+        "swap_to",
+        "untied",
         "walk",
         "where",
     )
@@ -199,28 +217,34 @@ class Plan:
         snapshot = prepared.snapshot
         index = {id(m): i for i, (_, m, _, _, _) in enumerate(snapshot.modules)}
 
-        def at(slot: Slot) -> tuple[int, str]:
-            return index[id(slot[0])], slot[1]
+        def at(slot: Slot) -> tuple[int, bool, str]:
+            m, attr = slot
+            return index[id(m)], attr not in m._parameters, attr
 
-        #: per module of the walk: (weak reference, class, the names in its slot dictionaries
-        #: (parameters, buffers, submodules), a weak reference to each object they hold, its
-        #: non-persistent buffer names)
-        self.modules = [
-            (
-                weakref.ref(m),
-                type(m),
-                tuple(m._parameters),
-                tuple(m._buffers),
-                tuple(m._modules),
-                _refs(m),
-                frozenset(m._non_persistent_buffers_set),
-            )
-            for _, m, _, _, _ in snapshot.modules
+        #: per module of the walk: where the live walk finds it (the number of the module that
+        #: holds it under its first name, and that name; -1 and "" for the root), its class,
+        #: its :func:`_signature`, and its non-persistent buffer names (None: no buffer slot)
+        at_prefix = {p: i for i, (p, _, _, _, _) in enumerate(snapshot.modules)}
+        self.modules: list[
+            tuple[int, str, type[nn.Module], tuple[Any, ...] | None, frozenset[str] | None]
         ]
+        self.modules = []
+        for prefix, m, _, _, _ in snapshot.modules:
+            parent, _, name = prefix[:-1].rpartition(".")
+            self.modules.append(
+                (
+                    at_prefix[parent + "." if parent else ""] if prefix else -1,
+                    name,
+                    type(m),
+                    _signature(m),
+                    frozenset(m._non_persistent_buffers_set) if m._buffers else None,
+                )
+            )
         #: the snapshot without its modules: (prefix, counts, None slots) per module
         self.walk = [
             (p, n_params, n_buffers, nones) for p, _, n_params, n_buffers, nones in snapshot.modules
         ]
+        self.sizes, self.any_none = snapshot.sizes, snapshot.any_none
         self.norms = [index[id(m)] for m in snapshot.norms]
         self.fused = snapshot.fused
         self.observers = [index[i] for i in snapshot.fused_observers if i in index]
@@ -231,76 +255,102 @@ class Plan:
             None if w is None else [(dotted, at(s)) for dotted, s in w] for w in prepared.where
         ]
         self.swap_names = prepared.swap_names
-        self.swap_slots = [at(s) for s in prepared.swap_slots]
+        #: per slot filled: its dictionary's position in the flat list of slot dictionaries
+        #: (``_parameters`` then ``_buffers`` of each module), and the attribute
+        self.swap_to = [
+            (2 * index[id(m)] + (d is m._buffers), attr)
+            for (d, attr), (m, _) in zip(prepared.swap_to, _swap_slots(prepared))
+        ]
+        #: ``where`` when no name fills more than its own slot (shared between calls: read only)
+        self.untied = None if prepared.tied else prepared.where
         self.swap_src = prepared.swap_src
         self.alias = alias
         position = {n: i for i, n in enumerate(prepared.names)}
-        #: per leaf of the state: (index of the given name it is, or of the first name of the
-        #: tied tensor it is a second name of; whether it is such a second name), or None for
-        #: a key the module does not have
-        self.leaf_of: list[tuple[int, bool] | None] = [
-            (position[n], False)
-            if n in position
-            else (position[alias[n]], True)
-            if n in alias
-            else None
-            for n in leaf_names
-        ]
+        #: per leaf of the state: the slot of the given name it is (or of the first name of
+        #: the tied tensor it is a second name of), the index of that name, and whether it is
+        #: such a second name; or None for a key the module does not have
+        self.leaf_of: list[tuple[int, bool, str, int, bool] | None] = []
+        for n in leaf_names:
+            first = n if n in position else alias.get(n)
+            if first is None:
+                self.leaf_of.append(None)
+            else:
+                i = position[first]
+                self.leaf_of.append((*self.slots[i], i, first != n))
 
     def live(self, module: nn.Module, leaves: list[Tensor]) -> Live | None:
         """The plan for this call, or None when the module changed or a tensor does not fit
         (the full path then finds out what, and raises what it raises)."""
+        # Each module is found as the walk found it, through its parent's submodule slot, and
+        # compared with what the plan recorded (see the module's docstring).
         mods: list[nn.Module] = []
-        for ref, cls, pn, bn, sn, refs, npb in self.modules:
-            m = ref()
-            if m is None or type(m) is not cls:
+        dicts: list[dict[str, Any]] = []
+        for parent, name, cls, signature, non_persistent in self.modules:
+            m = module if parent < 0 else mods[parent]._modules[name]
+            if type(m) is not cls:  # also None: the class recorded is a module class
                 return None
             p, b, s = m._parameters, m._buffers, m._modules
-            if tuple(p) != pn or tuple(b) != bn or tuple(s) != sn:
+            if signature is None:
+                if p or b or s:
+                    return None
+            elif (
+                len(p),
+                len(b),
+                *p,
+                *b,
+                *s,
+                *map(id, p.values()),
+                *map(id, b.values()),
+                *map(id, s.values()),
+            ) != signature:
                 return None
-            if refs:
-                for v, r in zip((*p.values(), *b.values(), *s.values()), refs):
-                    if r is None:
-                        if v is not None:
-                            return None
-                    elif v is None or v is not r():
-                        return None
-            if bn and m._non_persistent_buffers_set != npb:
+            if non_persistent is not None and m._non_persistent_buffers_set != non_persistent:
                 return None
             mods.append(m)
-        if mods[0] is not module:
-            return None
-        slots = [(mods[i], attr) for i, attr in self.slots]
-        tensors: list[Tensor | None] = [None] * len(slots)
+            dicts += (p, b)
+        tensors: list[Tensor | None] = [None] * len(self.names)
         for v, of in zip(leaves, self.leaf_of):
             if of is None:
                 continue
-            i, second = of
-            m, attr = slots[i]
-            own = (m._buffers if self.is_buffer[i] else m._parameters)[attr]
-            if own is None or v.shape != own.shape:
+            i, buffer, attr, k, second = of
+            if v.shape != dicts[2 * i + buffer][attr].shape:
                 return None
             if second:
-                first = tensors[i]
+                first = tensors[k]
                 if first is None or not same_tensor(v, first):
                     return None
             else:
-                tensors[i] = v
+                tensors[k] = v
         given: list[Tensor] = tensors  # type: ignore[assignment]  # every name has its leaf
-        snapshot = _Snapshot()
+        snapshot = _Snapshot.__new__(_Snapshot)
         snapshot.modules = [(p, m, n, b, nones) for (p, n, b, nones), m in zip(self.walk, mods)]
-        snapshot.norms = [mods[i] for i in self.norms]
+        snapshot.norms = [mods[i] for i in self.norms] if self.norms else []
         snapshot.fused = self.fused
         snapshot.fused_observers = {id(mods[i]) for i in self.observers}
+        snapshot.dicts, snapshot.sizes, snapshot.any_none = dicts, self.sizes, self.any_none
+        where = self.untied
+        if where is None:
+            where = [
+                None if w is None else [(d, (mods[i], attr)) for d, (i, _, attr) in w]
+                for w in self.where
+            ]
         prepared = Prepared(
             snapshot,
             self.names,
-            slots,
+            [(mods[i], attr) for i, _, attr in self.slots],
             self.is_buffer,
-            [None if w is None else [(d, (mods[i], a)) for d, (i, a) in w] for w in self.where],
-            (self.swap_names, [(mods[i], a) for i, a in self.swap_slots], self.swap_src),
+            where,
+            (self.swap_names, [(dicts[i], attr) for i, attr in self.swap_to], self.swap_src),
         )
-        return Live(prepared, given, dict(zip(self.names, given)), self.alias)
+        return Live(prepared, given, self.alias)
+
+
+def _swap_slots(prepared: Prepared) -> list[Slot]:
+    """The slot of each name of ``prepared.swap_names``."""
+    out: list[Slot] = []
+    for slot, where in zip(prepared.slots, prepared.where):
+        out.extend([slot] if where is None else [s for _, s in where])
+    return out
 
 
 def lookup(

@@ -24,6 +24,7 @@ tensors, and its output is whatever it returns.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from operator import is_
 from typing import Any
 
 import torch
@@ -101,13 +102,40 @@ def private_copy(t: Tensor, buffer: bool = False) -> Tensor:
     return out
 
 
+def private_copies(tensors: list[Tensor], buffers: list[bool]) -> list[Tensor]:
+    """:func:`private_copy` of each tensor (``buffers``: whether each one is a buffer).
+
+    Example:
+        >>> import torch
+        >>> t = torch.zeros(2)
+        >>> [c.tolist() for c in private_copies([t, t], [False, True])]
+        [[0.0, 0.0], [0.0, 0.0]]
+    """
+    return [
+        private_copy(t, b)
+        if b or _is_wrapped(t) or isinstance(t, MemoryMappedTensor)
+        else lazy_clone(t)
+        for t, b in zip(tensors, buffers)
+    ]
+
+
 Slot = tuple[nn.Module, str]
 
 
 class _Snapshot:
     """Every distinct submodule of a module, with what is needed to see state created in it."""
 
-    __slots__ = ("by_id", "fused", "fused_observers", "modules", "norms", "prefixes")
+    __slots__ = (
+        "any_none",
+        "by_id",
+        "dicts",
+        "fused",
+        "fused_observers",
+        "modules",
+        "norms",
+        "prefixes",
+        "sizes",
+    )
 
     def __init__(self) -> None:
         #: (first dotted prefix, module, number of parameter slots, of buffer slots, names of
@@ -123,6 +151,11 @@ class _Snapshot:
         self.norms: list[nn.Module] = []
         #: a fused fake-quantize module takes part (it always writes without recording it)
         self.fused = False
+        #: the ``_parameters`` and ``_buffers`` of each module of ``modules``, in that order,
+        #: and their lengths; whether a slot held None
+        self.dicts: list[dict[str, Any]] = []
+        self.sizes: list[int] = []
+        self.any_none = False
 
     @classmethod
     def walk(cls, module: nn.Module, tie_weights: bool) -> _Snapshot:
@@ -147,6 +180,9 @@ class _Snapshot:
                         ids.add(id(t))
                         count += 1
             modules.append((prefix, m, len(params), len(buffers), nones))
+            self.dicts += (params, buffers)
+            self.sizes += (len(params), len(buffers))
+            self.any_none = self.any_none or bool(nones)
             if isinstance(m, NormBase):
                 self.norms.append(m)
             elif isinstance(m, _FusedFakeQuantize):
@@ -178,10 +214,14 @@ class _Snapshot:
     def added(self) -> list[tuple[str, nn.Module, dict[str, Any], str]]:
         """The slots added (appended: dicts keep insertion order) or filled since the walk."""
         out: list[tuple[str, nn.Module, dict[str, Any], str]] = []
+        if not self.any_none and list(map(len, self.dicts)) == self.sizes:
+            return out  # no slot more than at the walk, none to fill
         for prefix, m, n_params, n_buffers, nones in self.modules:
-            for d, n in ((m._parameters, n_params), (m._buffers, n_buffers)):
-                if len(d) > n:
-                    out += [(prefix, m, d, k) for k in list(d)[n:]]
+            p, b = m._parameters, m._buffers
+            if len(p) > n_params:
+                out += [(prefix, m, p, k) for k in list(p)[n_params:]]
+            if len(b) > n_buffers:
+                out += [(prefix, m, b, k) for k in list(b)[n_buffers:]]
             for k in nones:
                 for d in (m._parameters, m._buffers):
                     if d.get(k) is not None:
@@ -217,38 +257,49 @@ class _Snapshot:
 class _Swapped:
     """The context manager of :func:`swapped` (a class: cheaper to enter than a generator)."""
 
-    __slots__ = ("saved", "slots", "swap")
+    __slots__ = ("saved", "swap", "targets")
 
-    def __init__(self, swap: dict[str, Tensor], slots: list[Slot]) -> None:
-        self.swap, self.slots = swap, slots
-        self.saved: list[tuple[dict[str, Any], str, Any]] = []
+    def __init__(self, swap: dict[str, Tensor], targets: list[tuple[dict[str, Any], str]]) -> None:
+        self.swap, self.targets = swap, targets
+        self.saved: list[Any] = []
 
     def __enter__(self) -> None:
         saved = self.saved
-        for (m, attr), t in zip(self.slots, self.swap.values()):
-            d: dict[str, Any] = m._parameters if attr in m._parameters else m._buffers
-            saved.append((d, attr, d[attr]))
+        for (d, attr), t in zip(self.targets, self.swap.values()):
+            saved.append(d[attr])
             d[attr] = t
 
     def __exit__(self, *exc: object) -> None:
-        swap, saved = self.swap, self.saved
-        for name, (d, attr, _) in zip(swap, saved):
+        swap, targets, saved = self.swap, self.targets, self.saved
+        for name, (d, attr) in zip(swap, targets):
             swap[name] = d[attr]
-        for d, attr, old in reversed(saved):
+        for (d, attr), old in zip(reversed(targets), reversed(saved)):
             d[attr] = old
 
 
 def swapped(
-    module: nn.Module, swap: dict[str, Tensor], slots: list[Slot]
+    module: nn.Module, swap: dict[str, Tensor], targets: list[tuple[dict[str, Any], str]]
 ) -> AbstractContextManager[None]:
-    """Put ``swap``'s tensors into ``slots`` (one per dotted name) while the block runs.
+    """Put ``swap``'s tensors into ``targets`` (one per dotted name) while the block runs.
 
-    The module's own tensors are put back afterwards (last in, first out), whatever happens,
-    and ``swap`` then holds what each slot held at the end of the block (a rebound tensor).
-    Under ``torch.compile`` this is torch's own reparametrisation (see ``_twins``), which
-    Dynamo knows, also inside ``scan``/``while_loop`` bodies.
+    ``targets`` gives, per name of ``swap``, the slot dictionary (a module's ``_parameters``
+    or ``_buffers``) and the attribute name. The module's own tensors are put back afterwards
+    (last in, first out), whatever happens, and ``swap`` then holds what each slot held at the
+    end of the block (a rebound tensor). Under ``torch.compile`` this is torch's own
+    reparametrisation (see ``_twins``), which Dynamo knows, also inside ``scan``/``while_loop``
+    bodies.
+
+    Example:
+        >>> import torch
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> own, new = lin.weight, {"weight": torch.zeros(2, 2)}
+        >>> with swapped(lin, new, [(lin._parameters, "weight")]):
+        ...     lin(torch.ones(1, 2)).tolist() == [lin.bias.tolist()]
+        True
+        >>> lin.weight is own
+        True
     """
-    return _Swapped(swap, slots)
+    return _Swapped(swap, targets)
 
 
 def _undeclared_write(where: list[Slot], fused_observers: set[int]) -> bool:
@@ -311,8 +362,9 @@ class Prepared:
         "slots",
         "snapshot",
         "swap_names",
-        "swap_slots",
         "swap_src",
+        "swap_to",
+        "tied",
         "where",
     )
 
@@ -323,7 +375,7 @@ class Prepared:
         slots: list[Slot],
         is_buffer: list[bool],
         where: list[list[tuple[str, Slot]] | None],
-        swap: tuple[list[str], list[Slot], list[int]],
+        swap: tuple[list[str], list[tuple[dict[str, Any], str]], list[int]],
     ) -> None:
         self.snapshot = snapshot
         #: the given names, in the order of the tensors, and the slot each one names
@@ -331,8 +383,12 @@ class Prepared:
         #: per name, every ``(dotted name, slot)`` it fills when that is more than its own
         #: slot (tied weights, submodules reachable under two names); None otherwise
         self.where = where
-        #: the slots filled, by one dotted name each, and the index of the tensor put there
-        self.swap_names, self.swap_slots, self.swap_src = swap
+        #: the slots filled, by one dotted name each: the slot dictionary (``_parameters`` or
+        #: ``_buffers`` of its module) and attribute of each, and the index of the tensor put
+        #: there
+        self.swap_names, self.swap_to, self.swap_src = swap
+        #: some name fills more than its own slot (``swap_src`` is not ``0, 1, 2...``)
+        self.tied = where.count(None) != len(where)
 
     @classmethod
     def build(
@@ -353,7 +409,7 @@ class Prepared:
         is_buffer: list[bool] = []
         where: list[list[tuple[str, Slot]] | None] = []
         swap_names: list[str] = []
-        swap_slots: list[Slot] = []
+        swap_to: list[tuple[dict[str, Any], str]] = []
         swap_src: list[int] = []
         for i, name in enumerate(names):
             slot = slots[name]
@@ -366,16 +422,16 @@ class Prepared:
             if tied is not None and len(tied) > 1:
                 targets = [(snapshot.name_of(s), s) for s in tied]
                 where.append(targets)
-                for dotted, s in targets:
+                for dotted, (sm, sa) in targets:
                     swap_names.append(dotted)
-                    swap_slots.append(s)
+                    swap_to.append((sm._parameters if sa in sm._parameters else sm._buffers, sa))
                     swap_src.append(i)
             else:
                 where.append(None)
                 swap_names.append(name)
-                swap_slots.append(slot)
+                swap_to.append((m._buffers if buffer else params, attr))
                 swap_src.append(i)
-        return cls(snapshot, names, own, is_buffer, where, (swap_names, swap_slots, swap_src))
+        return cls(snapshot, names, own, is_buffer, where, (swap_names, swap_to, swap_src))
 
 
 def call_with_state(
@@ -406,20 +462,38 @@ def call_with_state(
     snapshot = prepared.snapshot
     writers = snapshot.writers()
     is_buffer = prepared.is_buffer
-    copies = [private_copy(t, b) for t, b in zip(tensors, is_buffer)]
-    swap = {dotted: copies[i] for dotted, i in zip(prepared.swap_names, prepared.swap_src)}
+    copies = private_copies(tensors, is_buffer)
+    placed = [copies[i] for i in prepared.swap_src] if prepared.tied else copies
+    swap = dict(zip(prepared.swap_names, placed))
     before = write_marks(copies, is_buffer)
     if not isinstance(args, tuple):
         args = (args,)
     try:
-        with swapped(module, swap, prepared.swap_slots):
+        with swapped(module, swap, prepared.swap_to):
             out = module(*args, **(kwargs or {}))
         after = write_marks(copies, is_buffer)
         unsure = unverified(is_buffer)
         written: dict[str, Tensor] = {}
         maybe: dict[str, Tensor] = {}
-        for name, slot, targets, t, c, m0, m1, u in zip(
-            prepared.names, prepared.slots, prepared.where, tensors, copies, before, after, unsure
+        # all marks the same, each copy still in its one slot: nothing written (else per name)
+        same = (
+            before == after
+            and not (writers or prepared.tied or any(unsure))
+            and all(map(is_, swap.values(), placed))
+        )
+        for name, slot, targets, t, c, m0, m1, u in (
+            zip(
+                prepared.names,
+                prepared.slots,
+                prepared.where,
+                tensors,
+                copies,
+                before,
+                after,
+                unsure,
+            )
+            if not same
+            else ()
         ):
             if m0 == m1 and targets is None and not (writers or u) and swap[name] is c:
                 continue  # the same mark, the same tensor in its one slot: nothing written

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from .._compat import reparametrize_module
 from .._twins import traced_as
 from ._plan import Live, lookup
-from ._state import Slot, private_copy, swapped
+from ._state import private_copies, private_copy, swapped
 from ._versions import unverified, write_marks
 
 
@@ -47,9 +47,15 @@ def _traced_private_copy(t: Tensor, buffer: bool = False) -> Tensor:
     return t.clone()
 
 
+@traced_as(private_copies)
+def _traced_private_copies(tensors: list[Tensor], buffers: list[bool]) -> list[Tensor]:
+    # as private_copy's twin, for each tensor
+    return [t.clone() for t in tensors]
+
+
 @traced_as(swapped)
 def _traced_swapped(
-    module: torch.nn.Module, swap: dict[str, Tensor], slots: list[Slot]
+    module: torch.nn.Module, swap: dict[str, Tensor], targets: list[tuple[dict[str, Any], str]]
 ) -> AbstractContextManager[None]:
     # torch's reparametrisation: Dynamo lets it mutate the module inside higher-order ops.
     # A module Dynamo will not trace (torch 2.15: RNN, GRU, LSTM without ``allow_rnn``) is a
