@@ -202,8 +202,26 @@ class _Bytes:
         self.mode, self.total = Mode(), total
 
 
+def live_peak(run: Any) -> int:
+    """The high-water mark of the bytes torch's allocator holds while ``run()`` runs, above
+    what it held before: torch's profiler records each allocation with the op that made it
+    and each free, so the running sum in time order is the live bytes (an op's own
+    temporaries that it frees before it returns show as their net)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    live = peak = 0
+    for e in events:
+        live += e.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak
+
+
 def memory_ranks(rank: int, world: int, contender: str) -> dict[str, Any]:
-    """Resident-set growth during one warm eager step, and the bytes sent by this rank."""
+    """Growth of live allocator bytes and of the resident set during one warm eager step,
+    and the bytes sent by this rank."""
     torch.set_num_threads(1)
     if contender == "fsdp2":
         run = _fsdp2_step(rank, False, "memory")
@@ -218,7 +236,8 @@ def memory_ranks(rank: int, world: int, contender: str) -> dict[str, Any]:
         f.write("5")  # reset the high-water mark to the current resident set
     before = _status("VmRSS:")
     run()
-    return {"peak": _status("VmHWM:") - before, "bytes": counter.total[0]}
+    rss = _status("VmHWM:") - before
+    return {"peak": rss, "live": live_peak(run), "bytes": counter.total[0]}
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -238,6 +257,7 @@ def test_sharded_train_step_vs_fsdp2(benchmark: Any, bench_quick: bool, mode: st
         for c in ("tdfunc", "tdfunc_donated", "fsdp2")
     }
     peak = {c: max(r["peak"] for r in res) / 2**20 for c, res in mem.items()}
+    live = {c: max(r["live"] for r in res) / 2**20 for c, res in mem.items()}
     sent = {c: max(r["bytes"] for r in res) for c, res in mem.items()}
     ratios, aa = timing["ratios"], timing["aa"]
     info = {
@@ -260,6 +280,10 @@ def test_sharded_train_step_vs_fsdp2(benchmark: Any, bench_quick: bool, mode: st
         "peak_mib_fsdp2": peak["fsdp2"],
         "peak_mib_tdfunc_donated": peak["tdfunc_donated"],
         "peak_ratio": peak["tdfunc"] / peak["fsdp2"] if peak["fsdp2"] else float("nan"),
+        "live_peak_mib_tdfunc": live["tdfunc"],
+        "live_peak_mib_tdfunc_donated": live["tdfunc_donated"],
+        "live_peak_mib_fsdp2": live["fsdp2"],
+        "live_peak_ratio": live["tdfunc"] / live["fsdp2"] if live["fsdp2"] else float("nan"),
         "bytes_per_step_tdfunc": sent["tdfunc"],
         "bytes_per_step_fsdp2": sent["fsdp2"],
     }
@@ -268,7 +292,8 @@ def test_sharded_train_step_vs_fsdp2(benchmark: Any, bench_quick: bool, mode: st
         f"\nsharded_train_gpt2 [{mode}] tdfunc / fsdp2: {info['ratio']:.3f} "
         f"[{info['ratio_min']:.3f}-{info['ratio_max']:.3f}]; A/A {info['aa']:.3f}; "
         f"peak MiB {peak['tdfunc']:.1f} (donated {peak['tdfunc_donated']:.1f}) vs "
-        f"{peak['fsdp2']:.1f}; "
+        f"{peak['fsdp2']:.1f}; live allocator peak MiB {live['tdfunc']:.1f} "
+        f"(donated {live['tdfunc_donated']:.1f}) vs {live['fsdp2']:.1f}; "
         f"bytes/step {sent['tdfunc']} vs {sent['fsdp2']}"
     )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)

@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 import tdfunc
 from tdfunc import distributed as tdd
 from tdfunc import optim
+from tdfunc.distributed._training.step import _layout
 
 VOCAB, WIDTH, SEQ, BATCH = 11, 6, 5, 8  # rows 11, 6 and 3: uneven over 2 and 4 ranks
 STEPS = 50
@@ -151,6 +152,7 @@ def run_train(
 
     step = tdd.sharded_step(loss_fn_of(m), opt)
     params, state, losses = train(rank, world, step, params0, state0, batches[:SPLIT])
+    res["after_split"] = _full(params)
     # a checkpoint after SPLIT steps, then the rest
     tdd.save_checkpoint(ckpt, tdfunc.TensorDict(params=params, state=state), overwrite=True)
     params, state, more = train(rank, world, step, params, state, batches[SPLIT:])
@@ -160,6 +162,17 @@ def run_train(
         torch.equal(a, b.to_local()) for a, b in zip(before, params0.values(True, True))
     )
     res["out_placements"] = [repr(v.placements[0]) for v in params.values(True, True)]
+
+    # small buckets: several collectives per dtype, the same values (each element is
+    # reduced over the same ranks whatever buffer carries it)
+    tiny_buckets = tdd.sharded_step(loss_fn_of(m), opt, bucket_mb=0.0005)
+    p_small, _, small_losses = train(rank, world, tiny_buckets, params0, state0, batches[:SPLIT])
+    res["buckets"] = {
+        "groups": len(_layout(params0, tiny_buckets.bucket_bytes)[0].sharded_groups),
+        "default_groups": len(_layout(params0, step.bucket_bytes)[0].sharded_groups),
+        "losses_equal": small_losses == losses,
+        "params_equal": _full(p_small) == res["after_split"],
+    }
 
     if not compiled:
         return res

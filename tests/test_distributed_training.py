@@ -61,6 +61,16 @@ def test_layout_kept_and_inputs_unchanged(two: Any) -> None:
         assert r["out_placements"] == list(r["placements"].values())
 
 
+def test_small_buckets_give_the_same_values(two: Any) -> None:
+    res, _ = two
+    for r in res:
+        b = r["buckets"]
+        assert b["default_groups"] == 1  # the tiny model fits one 4 MiB bucket
+        assert b["groups"] > 3  # a collective per leaf or two
+        assert b["losses_equal"] is True
+        assert b["params_equal"] is True
+
+
 def test_compiled_step_is_one_graph_and_matches(two: Any, ref: Any) -> None:
     res, _ = two
     losses, params = ref
@@ -163,7 +173,19 @@ def test_constructor_checks() -> None:
         sharded_step(None, optim.sgd(0.1))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="GradientTransformation"):
         sharded_step(lambda p, b: p, "adam")  # type: ignore[arg-type]
+    for bad, error in (
+        (0, ValueError),
+        (-1.0, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        ("4", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ):
+        with pytest.raises(error, match=r"bucket_mb must be a positive number of MiB, got"):
+            sharded_step(lambda p, b: p, optim.sgd(0.1), bucket_mb=bad)  # type: ignore[arg-type]
     step = sharded_step(lambda p, b: p, optim.sgd(0.1), compile=False)
+    assert step.bucket_bytes == 4 * 2**20
     assert isinstance(step, ShardedStep)
     assert step.compiled is False
 

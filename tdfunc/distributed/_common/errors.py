@@ -337,3 +337,4 @@ STEP_OPTIMIZER = (
     "{op}: optimizer must be a tdfunc.optim GradientTransformation (e.g. optim.adamw(1e-3)), "
     "got {typ}"
 )
+STEP_BUCKET = "{op}: bucket_mb must be a positive number of MiB, got {value!r}"

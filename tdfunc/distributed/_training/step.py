@@ -22,11 +22,13 @@ every rank of the mesh, one call:
 5. returns the new parameters (same placements), the new state and the loss averaged over
    the ranks (an all-reduce of one number). The inputs are not changed.
 
-What is gathered when: the whole parameter set, before the forward; the full parameters and
-the full gradients live until the gradients are reduced, then only shards remain. Peak memory
-per rank is therefore the full parameters and gradients for the length of one forward and
-backward, plus ``1/n`` of the parameters and optimizer state between steps (FSDP's
-layer-by-layer gathering, which keeps the peak near one layer, is not done).
+What is gathered when: the whole parameter set, before the forward. Each collective moves
+one flat buffer of at most ``bucket_mb`` MiB of full values (leaves of one dtype packed
+together). The full parameters and gradients live only for the forward and backward: each
+bucket of full gradients is let go once it is packed for its reduce-scatter, and the
+optimizer runs on shards only. Peak memory per rank is therefore the full parameters and
+gradients at the end of the backward, plus ``1/n`` of the parameters and optimizer state
+(FSDP's layer-by-layer gathering, which keeps the peak near one layer, is not done).
 
 With ``compile=True`` the step is one ``torch.compile(fullgraph=True)`` graph per rank,
 collectives included (torch's functional collectives, which Dynamo traces); the structure
@@ -93,22 +95,26 @@ class _Layout:
         sharded: list[bool],
         rows: list[int],
         dtypes: list[torch.dtype],
+        nbytes: list[int],
+        cap: int,
     ) -> None:
         self.mesh = mesh
         self.n = mesh.size()
         self.group = mesh.get_group(0)
         self.sharded = tuple(sharded)
         self.rows = tuple(rows)
-        #: positions of the sharded / replicated leaves, one group per dtype: each group's
-        #: collective moves one flat buffer
-        self.sharded_groups = _groups(sharded, dtypes, True)
-        self.replicated_groups = _groups(sharded, dtypes, False)
+        #: positions of the sharded / replicated leaves in groups of one dtype and at most
+        #: ``cap`` bytes of full values (or one larger leaf): each group's collective moves
+        #: one flat buffer
+        self.sharded_groups = _groups(sharded, dtypes, True, nbytes, cap)
+        self.replicated_groups = _groups(sharded, dtypes, False, nbytes, cap)
         #: torch's functional collectives (looked up here: an import is not traceable)
         self.fc = functional_collectives()
 
 
-def _layout(params: Any) -> tuple[_Layout, list[tuple[KeyPath, Tensor]]]:
-    """Check the parameters (typed errors naming the key) and read their layout."""
+def _layout(params: Any, cap: int) -> tuple[_Layout, list[tuple[KeyPath, Tensor]]]:
+    """Check the parameters (typed errors naming the key) and read their layout (``cap``:
+    the most bytes of full values one collective moves)."""
     if not is_node(params):
         raise TypeError(E.NOT_A_CONTAINER.format(op=OP, typ=type(params).__name__))
     pairs = leaves_with_paths(params)
@@ -145,18 +151,34 @@ def _layout(params: Any) -> tuple[_Layout, list[tuple[KeyPath, Tensor]]]:
         else:
             raise ValueError(E.STEP_PLACEMENT.format(op=OP, key=fmt_key(path), placement=pl))
     assert mesh is not None
-    return _Layout(mesh, sharded, rows, [p.dtype for _, p in pairs]), pairs
+    dtypes = [p.dtype for _, p in pairs]
+    nbytes = [p.numel() * p.element_size() for _, p in pairs]
+    return _Layout(mesh, sharded, rows, dtypes, nbytes, cap), pairs
 
 
 def _groups(
-    flags: list[bool], dtypes: list[torch.dtype], want: bool
+    flags: list[bool], dtypes: list[torch.dtype], want: bool, nbytes: list[int], cap: int
 ) -> tuple[tuple[int, ...], ...]:
-    """Positions of the leaves with ``flags[i] == want``, one group per dtype (in order)."""
-    by: dict[torch.dtype, list[int]] = {}
-    for i, (f, d) in enumerate(zip(flags, dtypes)):
-        if f == want:
-            by.setdefault(d, []).append(i)
-    return tuple(tuple(ix) for ix in by.values())
+    """Positions of the leaves with ``flags[i] == want`` in groups of one dtype, in order, each
+    of at most ``cap`` bytes (``nbytes``) unless one leaf alone is larger.
+
+    Example:
+        >>> _groups([True] * 3, [torch.float32] * 3, True, [4, 4, 4], 8)
+        ((0, 1), (2,))
+    """
+    done: list[tuple[int, ...]] = []
+    open_: dict[torch.dtype, tuple[list[int], int]] = {}
+    for i, (f, d, b) in enumerate(zip(flags, dtypes, nbytes)):
+        if f != want:
+            continue
+        ix, size = open_.get(d, ([], 0))
+        if ix and size + b > cap:
+            done.append(tuple(ix))
+            ix, size = [], 0
+        ix.append(i)
+        open_[d] = (ix, size + b)
+    done.extend(tuple(ix) for ix, _ in open_.values())
+    return tuple(done)
 
 
 def _pad_rows(t: Tensor, rows: int) -> Tensor:
@@ -185,14 +207,20 @@ def _scatter(
     fc: Any, grads: list[Tensor], local_rows: list[int], n: int, group: Any
 ) -> list[Tensor]:
     """This rank's rows of the mean over the ranks of full gradients of one dtype: one
-    reduce-scatter of a flat buffer laid out rank by rank."""
+    reduce-scatter of a flat buffer laid out rank by rank. Empties ``grads`` once they are
+    copied into that buffer (so that nothing here keeps the full gradients alive)."""
     pers = [-(-g.shape[0] // n) for g in grads]
-    parts = [_pad_rows(g, per * n).reshape(n, -1) for g, per in zip(grads, pers)]
-    mine = fc.reduce_scatter_single(torch.cat(parts, dim=1).reshape(-1), "sum", 0, group) / n
+    inner = [g.shape[1:] for g in grads]
+    flat = torch.cat(
+        [_pad_rows(g, per * n).reshape(n, -1) for g, per in zip(grads, pers)], dim=1
+    ).reshape(-1)
+    grads.clear()  # the caller's list: the full gradients can go once they are in one buffer
+    mine = fc.reduce_scatter_single(flat, "sum", 0, group) / n
+    del flat
     out, off = [], 0
-    for g, per, lr in zip(grads, pers, local_rows):
-        size = per * math.prod(g.shape[1:])
-        block = mine[off : off + size].view(per, *g.shape[1:])
+    for shape, per, lr in zip(inner, pers, local_rows):
+        size = per * math.prod(shape)
+        block = mine[off : off + size].view(per, *shape)
         out.append(block if lr == per else block[:lr])
         off += size
     return out
@@ -206,6 +234,39 @@ def _average(fc: Any, ts: list[Tensor], n: int, group: Any) -> list[Tensor]:
         out.append(flat[off : off + t.numel()].view(t.shape))
         off += t.numel()
     return out
+
+
+def _local_grads(
+    loss_fn: Callable[[Any, Any], Tensor],
+    layout: _Layout,
+    params: Any,
+    local: list[Tensor],
+    batch: Any,
+) -> tuple[list[Tensor], Tensor]:
+    """Gather, differentiate, reduce: this rank's part of the mean gradient of each leaf
+    (``local``: the local shards, in leaf order) and the loss. The full parameters and
+    gradients live only in here: the optimizer that runs next never holds them."""
+    n, group, fc = layout.n, layout.group, layout.fc
+    full = list(local)
+    for ix in layout.sharded_groups:
+        got = _gather(fc, [local[i] for i in ix], [layout.rows[i] for i in ix], n, group)
+        for i, t in zip(ix, got):
+            full[i] = t
+    grads_full, loss = torch.func.grad_and_value(loss_fn)(map_leaves(params, full), batch)
+    del full  # the gathered parameters: only their gradients are needed from here
+    reduced: list[Any] = [g for _, g in leaves_with_paths(grads_full)]
+    del grads_full
+    for ix in layout.sharded_groups:
+        part = [reduced[i] for i in ix]
+        for i in ix:
+            reduced[i] = None  # _scatter lets go of the full gradients as it packs them
+        rows = [local[i].shape[0] for i in ix]
+        for i, g in zip(ix, _scatter(fc, part, rows, n, group)):
+            reduced[i] = g
+    for ix in layout.replicated_groups:
+        for i, g in zip(ix, _average(fc, [reduced[i] for i in ix], n, group)):
+            reduced[i] = g
+    return reduced, loss
 
 
 def _core(
@@ -223,24 +284,11 @@ def _core(
     matches the same graph.
     """
     with torch.no_grad():
-        n, group, fc = layout.n, layout.group, layout.fc
         dparams: list[DTensor] = [p for _, p in leaves_with_paths(params)]  # type: ignore[misc]
-        local = [p.to_local() for p in dparams]
-        full = list(local)
-        for ix in layout.sharded_groups:
-            got = _gather(fc, [local[i] for i in ix], [layout.rows[i] for i in ix], n, group)
-            for i, t in zip(ix, got):
-                full[i] = t
-        grads_full, loss = torch.func.grad_and_value(loss_fn)(map_leaves(params, full), batch)
-        gfull = [g for _, g in leaves_with_paths(grads_full)]
-        reduced = list(gfull)
-        for ix in layout.sharded_groups:
-            rows = [local[i].shape[0] for i in ix]
-            for i, g in zip(ix, _scatter(fc, [gfull[i] for i in ix], rows, n, group)):
-                reduced[i] = g
-        for ix in layout.replicated_groups:
-            for i, g in zip(ix, _average(fc, [gfull[i] for i in ix], n, group)):
-                reduced[i] = g
+        reduced, loss = _local_grads(
+            loss_fn, layout, params, [p.to_local() for p in dparams], batch
+        )
+        n, group, fc = layout.n, layout.group, layout.fc
         grads = [
             DTensor.from_local(
                 g,
@@ -323,6 +371,7 @@ class ShardedStep(Generic[P, S]):
         optimizer: the gradient transformation it applies.
         compiled: whether the step runs as one compiled graph.
         donate: whether the parameters and state passed in are donated.
+        bucket_bytes: the most bytes of full values one collective moves.
         calls: the number of calls so far.
     """
 
@@ -333,8 +382,13 @@ class ShardedStep(Generic[P, S]):
         *,
         compile: bool = False,
         donate: bool = False,
+        bucket_mb: float = 4.0,
         **compile_kwargs: Any,
     ) -> None:
+        if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)):
+            raise TypeError(E.STEP_BUCKET.format(op=OP, value=bucket_mb))
+        if not 0 < bucket_mb < math.inf:
+            raise ValueError(E.STEP_BUCKET.format(op=OP, value=bucket_mb))
         if not callable(loss_fn):
             raise TypeError(E.STEP_NOT_CALLABLE.format(op=OP, typ=type(loss_fn).__name__))
         if not isinstance(optimizer, optim.GradientTransformation):
@@ -343,6 +397,7 @@ class ShardedStep(Generic[P, S]):
         self.optimizer = optimizer
         self.compiled = bool(compile)
         self.donate = bool(donate)
+        self.bucket_bytes = max(1, int(bucket_mb * 2**20))
         self.calls = 0
         core = _core_donated if donate else _core
         self._core: Callable[..., tuple[Any, Any, Tensor]] = core
@@ -355,7 +410,7 @@ class ShardedStep(Generic[P, S]):
             check_not_consumed(params)
             check_not_consumed(state)
         try:
-            layout, pairs = _layout(params)
+            layout, pairs = _layout(params, self.bucket_bytes)
         except (TypeError, ValueError):
             mesh = _some_mesh(params, state)
             if mesh is not None:
@@ -403,6 +458,7 @@ def sharded_step(
     *,
     compile: bool = False,
     donate: bool = False,
+    bucket_mb: float = 4.0,
     **compile_kwargs: Any,
 ) -> ShardedStep[Any, Any]:
     """A data-parallel training step over parameters sharded across the ranks of a mesh.
@@ -433,16 +489,23 @@ def sharded_step(
             there: no new buffers per step) and the containers passed in are consumed (a
             later use raises :class:`tdfunc.DonatedError`), as with
             :func:`tdfunc.compile`'s ``donate``; the values are those of the undonated step.
+        bucket_mb: the most MiB of full values one collective moves: the leaves of one
+            dtype are packed into flat buffers of up to this size (a larger leaf alone), one
+            all-gather and one reduce-scatter (or all-reduce) each. Smaller buckets lower the
+            memory a collective holds for a moment (gloo's reduce-scatter copies its whole
+            input once more); larger ones need fewer collectives. The values computed do not
+            depend on it.
         **compile_kwargs: passed to ``torch.compile`` (``backend``, ``mode``...).
 
     Returns:
         A :class:`ShardedStep`.
 
     Raises:
-        TypeError: ``loss_fn`` is not callable or ``optimizer`` is not a gradient
-            transformation (here); at a call, a parameter that is not a DTensor, or
-            ``params`` that is not a container.
-        ValueError: at a call, parameters on a mesh that is not 1-D or on different meshes,
+        TypeError: ``loss_fn`` is not callable, ``optimizer`` is not a gradient
+            transformation or ``bucket_mb`` is not a number (here); at a call, a parameter
+            that is not a DTensor, or ``params`` that is not a container.
+        ValueError: ``bucket_mb`` is not positive and finite (here); at a call, parameters
+            on a mesh that is not 1-D or on different meshes,
             a placement other than ``Shard(0)`` / ``Replicate()`` (each naming the key), or
             ranks that pass different structures (raised on every rank before data moves);
             with ``donate=True``, donated leaves that share memory.
@@ -469,4 +532,6 @@ def sharded_step(
         >>> loss.shape, type(params["weight"]).__name__
         (torch.Size([]), 'DTensor')
     """
-    return ShardedStep(loss_fn, optimizer, compile=compile, donate=donate, **compile_kwargs)
+    return ShardedStep(
+        loss_fn, optimizer, compile=compile, donate=donate, bucket_mb=bucket_mb, **compile_kwargs
+    )
