@@ -289,25 +289,12 @@ class Plan:
             m = module if parent < 0 else mods[parent]._modules[name]
             if type(m) is not cls:  # also None: the class recorded is a module class
                 return None
-            p, b, s = m._parameters, m._buffers, m._modules
-            if signature is None:
-                if p or b or s:
-                    return None
-            elif (
-                len(p),
-                len(b),
-                *p,
-                *b,
-                *s,
-                *map(id, p.values()),
-                *map(id, b.values()),
-                *map(id, s.values()),
-            ) != signature:
+            if _signature(m) != signature:
                 return None
             if non_persistent is not None and m._non_persistent_buffers_set != non_persistent:
                 return None
             mods.append(m)
-            dicts += (p, b)
+            dicts += (m._parameters, m._buffers)
         tensors: list[Tensor | None] = [None] * len(self.names)
         for v, of in zip(leaves, self.leaf_of):
             if of is None:
