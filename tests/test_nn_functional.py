@@ -842,6 +842,28 @@ def test_plan_sees_slots_added_to_a_module_that_had_none():
     assert_close(functional_call(m, state, (x,)), _reference(m, state, x))
 
 
+def test_state_created_in_a_slot_dictionary_replaced_during_the_call():
+    """A module that replaces its ``_parameters`` dict while it runs and adds a parameter:
+    the created parameter is seen (the check reads the module's dictionaries after the call)."""
+
+    class Grows(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self._parameters = {**self._parameters, "extra": nn.Parameter(torch.ones(1))}
+            return self.lin(x)
+
+    m = Grows()
+    state = from_module(m)
+    x = torch.randn(4, 3)
+    for _ in range(2):  # the full path, then the plan
+        with pytest.raises(PermissionError, match="extra"):
+            functional_call(m, state, (x,))
+        m._parameters = {}  # the module as it was (its dictionary was replaced, not restored)
+
+
 def test_plan_per_state_structure():
     """Calls alternating between states of different structures for one module."""
     torch.manual_seed(0)

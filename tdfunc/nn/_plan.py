@@ -314,7 +314,7 @@ class Plan:
         snapshot.norms = [mods[i] for i in self.norms] if self.norms else []
         snapshot.fused = self.fused
         snapshot.fused_observers = {id(mods[i]) for i in self.observers}
-        snapshot.dicts, snapshot.sizes, snapshot.any_none = dicts, self.sizes, self.any_none
+        snapshot.sizes, snapshot.any_none = self.sizes, self.any_none
         where = self.untied
         if where is None:
             where = [

@@ -128,7 +128,6 @@ class _Snapshot:
     __slots__ = (
         "any_none",
         "by_id",
-        "dicts",
         "fused",
         "fused_observers",
         "modules",
@@ -151,9 +150,8 @@ class _Snapshot:
         self.norms: list[nn.Module] = []
         #: a fused fake-quantize module takes part (it always writes without recording it)
         self.fused = False
-        #: the ``_parameters`` and ``_buffers`` of each module of ``modules``, in that order,
-        #: and their lengths; whether a slot held None
-        self.dicts: list[dict[str, Any]] = []
+        #: the lengths of the ``_parameters`` and ``_buffers`` of each module of ``modules``,
+        #: in that order; whether a slot held None
         self.sizes: list[int] = []
         self.any_none = False
 
@@ -180,7 +178,6 @@ class _Snapshot:
                         ids.add(id(t))
                         count += 1
             modules.append((prefix, m, len(params), len(buffers), nones))
-            self.dicts += (params, buffers)
             self.sizes += (len(params), len(buffers))
             self.any_none = self.any_none or bool(nones)
             if isinstance(m, NormBase):
@@ -214,7 +211,9 @@ class _Snapshot:
     def added(self) -> list[tuple[str, nn.Module, dict[str, Any], str]]:
         """The slots added (appended: dicts keep insertion order) or filled since the walk."""
         out: list[tuple[str, nn.Module, dict[str, Any], str]] = []
-        if not self.any_none and list(map(len, self.dicts)) == self.sizes:
+        if not self.any_none and self.sizes == [
+            len(d) for _, m, _, _, _ in self.modules for d in (m._parameters, m._buffers)
+        ]:
             return out  # no slot more than at the walk, none to fill
         for prefix, m, n_params, n_buffers, nones in self.modules:
             p, b = m._parameters, m._buffers
