@@ -309,6 +309,7 @@ class Plan:
             else:
                 tensors[k] = v
         given: list[Tensor] = tensors  # type: ignore[assignment]  # every name has its leaf
+        # only what call_with_state reads (``prefixes`` and ``by_id`` serve Prepared.build)
         snapshot = _Snapshot.__new__(_Snapshot)
         snapshot.modules = [(p, m, n, b, nones) for (p, n, b, nones), m in zip(self.walk, mods)]
         snapshot.norms = [mods[i] for i in self.norms] if self.norms else []
