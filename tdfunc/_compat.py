@@ -35,6 +35,7 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | TensorBase                     | torch._C.TensorBase                                    | ok   | ok   | ok   | none yet           |
 | OpOverloadPacket               | torch._ops.OpOverloadPacket                            | ok   | ok   | ok   | none yet           |
 | make_wrapper_subclass          | torch.Tensor._make_wrapper_subclass                    | ok   | ok   | ok   | none yet           |
+| make_subclass                  | torch.Tensor._make_subclass                            | ok   | ok   | ok   | none yet           |
 | is_traceable_wrapper_subclass  | torch.utils._python_dispatch.(same name)               | ok   | ok   | ok   | none yet           |
 | NormBase                       | torch.nn.modules.batchnorm._NormBase                   | ok   | ok   | ok   | none yet           |
 | reparametrize_module           | torch.nn.utils.stateless._reparametrize_module         | ok   | ok   | ok   | none yet (2)       |
@@ -286,6 +287,11 @@ make_wrapper_subclass = _function(
     lambda: torch.Tensor._make_wrapper_subclass,
     "wrapper tensor subclasses (torch.Tensor._make_wrapper_subclass)",
 )
+#: view a tensor as an instance of a subclass of ``torch.Tensor`` (same memory and metadata)
+make_subclass = _function(
+    lambda: torch.Tensor._make_subclass,
+    "tensor subclass views (torch.Tensor._make_subclass)",
+)
 #: whether an object is a traceable wrapper subclass (``__tensor_flatten__``: DTensor...)
 if TYPE_CHECKING:  # the same function, with torch's TypeIs annotation
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -468,6 +474,7 @@ __all__ = [
     "is_functorch_wrapped_tensor",
     "is_traceable_wrapper_subclass",
     "lazy_clone",
+    "make_subclass",
     "make_wrapper_subclass",
     "maybe_get_bdim",
     "maybe_get_level",

@@ -25,6 +25,10 @@ VOCAB, WIDTH, SEQ, BATCH = 11, 6, 5, 8  # rows 11, 6 and 3: uneven over 2 and 4 
 STEPS = 50
 SPLIT = 25  # the checkpoint is taken after this many steps
 DONATED_STEPS = 5
+#: units gathered one at a time (the 2-D weights of the block's three parts; the embedding and
+#: head weights are the rest, gathered once per step; the 1-D leaves are replicated)
+UNITS = {"tiny": ["block.self_attn", "block.linear1", "block.linear2"]}
+UNITS["gpt2"] = ["transformer.h.0", "transformer.h.1"]
 
 
 class TinyLM(torch.nn.Module):
@@ -164,6 +168,23 @@ def run_train(
         torch.equal(a, b.to_local()) for a, b in zip(before, params0.values(True, True))
     )
     res["out_placements"] = [repr(v.placements[0]) for v in params.values(True, True)]
+
+    # gathered unit by unit (eager, plain autograd): the values of the whole-model step
+    ustep = tdd.sharded_step(loss_fn_of(m), opt, units=UNITS[kind])
+    p_units, _, units_losses = train(rank, world, ustep, params0, state0, batches)
+    res["units_losses"] = units_losses
+    res["units_params"] = _full(p_units)
+    res["units_gathers"] = ustep.gathers
+    if world == 2:
+        # and donated: the fused kernel writes the given shards
+        dstep = tdd.sharded_step(loss_fn_of(m), opt, units=UNITS[kind], donate=True)
+        p, s = params0.clone(), state0.clone()
+        memory = [v.to_local().data_ptr() for v in p.values(True, True)]
+        p, s, d_losses = train(rank, world, dstep, p, s, batches[:DONATED_STEPS])
+        res["units_donated"] = {
+            "losses": d_losses,
+            "in_place": [v.to_local().data_ptr() for v in p.values(True, True)] == memory,
+        }
 
     if world == 2:
         # small buckets: several collectives per dtype, the same values (each element is
@@ -341,3 +362,133 @@ def run_donated_dtensors(rank: int, world: int) -> dict[str, Any]:
     other = DTensor.from_local(params["a"].to_local(), mesh, [Shard(0)], run_check=False)
     res["alias_local"] = _caught(lambda: g(params.set("c", other)))
     return res
+
+
+def run_unit_schedule(rank: int, world: int) -> dict[str, Any]:
+    """What the unit-by-unit step keeps alive, and its error paths (2 ranks)."""
+    import gc
+
+    from tdfunc.distributed._training import units as U
+
+    mesh = init_device_mesh("cpu", (world,))
+    m = model()
+    opt = optimizer()
+    params = tdd.distribute(tdfunc.from_module(m), mesh, _placements)
+    state = opt.init(params)
+    batch = _local(global_batches(1)[0], rank, world)
+    res: dict[str, Any] = {}
+
+    # the memory of the full values handed to the forward, by unit: a storage is in use by
+    # something else while its reference count is above the one held here
+    seen: dict[int, list[Any]] = {}
+    full = U.UnitGather.full
+
+    def spy(self: Any, leaf: int) -> torch.Tensor:
+        t = full(self, leaf)
+        seen.setdefault(self.unit_of[leaf], []).append(t.untyped_storage())
+        return t
+
+    alive: dict[str, dict[int, int]] = {}
+
+    def count(where: str) -> None:
+        gc.collect()
+        alive[where] = {
+            u: sum(torch._C._storage_Use_Count(st._cdata) > 1 for st in storages)
+            for u, storages in seen.items()
+        }
+
+    base = loss_fn_of(m)
+
+    def loss_fn(p: Any, b: Any) -> torch.Tensor:
+        loss = base(p, b)
+        count("end of forward")  # the last unit is still in use here
+        loss.register_hook(lambda g: count("start of backward"))
+        return loss
+
+    U.UnitGather.full = spy  # type: ignore[method-assign]
+    try:
+        step = tdd.sharded_step(loss_fn, opt, units=UNITS["tiny"])
+        _, _, loss = step(params, state, batch)
+    finally:
+        U.UnitGather.full = full  # type: ignore[method-assign]
+    res["alive"] = alive
+    res["gathers"] = step.gathers
+    res["loss"] = loss.item()
+    # the same call gathering the whole model at once
+    _, _, whole = tdd.sharded_step(base, opt)(params, state, batch)
+    res["whole_loss"] = whole.item()
+
+    # a forward that writes a parameter in place: a TypeError naming it, on every rank
+    def writes(p: Any, b: Any) -> torch.Tensor:
+        p["head", "weight"].mul_(2)
+        return base(p, b)
+
+    res["write"] = _caught(
+        lambda: tdd.sharded_step(writes, opt, units=["block.linear1"])(params, state, batch)
+    )
+    # a prefix no sharded parameter has (one rank): a KeyError there, the other rank hears it
+    bad = ["block.linear1", "nope"] if rank == 1 else ["block.linear1"]
+    res["missing"] = _caught(lambda: tdd.sharded_step(base, opt, units=bad)(params, state, batch))
+    # ranks that gather different units: a ValueError on every rank before data moves
+    other = ["block.linear2"] if rank == 1 else ["block.linear1"]
+    res["disagree"] = _caught(
+        lambda: tdd.sharded_step(base, opt, units=other)(params, state, batch)
+    )
+    # a good call still works afterwards
+    _, _, again = tdd.sharded_step(base, opt, units=UNITS["tiny"])(params, state, batch)
+    res["good_after"] = again.item() == res["loss"]
+    return res
+
+
+def run_fused_dtensor_step(rank: int, world: int) -> dict[str, Any]:
+    """``optim.step`` over DTensor leaves runs torch's fused kernel on the local tensors."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    base = tdfunc.TensorDict(w=torch.randn(5, 3, dtype=torch.float64), b=torch.randn(3).double())
+    placements = {"w": [Shard(0)], "b": [Replicate()]}
+    params = tdd.distribute(base, mesh, lambda path, leaf: placements[path[-1]])
+    grads = tdd.distribute(base * 0.5 - 0.1, mesh, lambda path, leaf: placements[path[-1]])
+    opt = optim.chain(optim.clip_by_global_norm(0.5), optim.adamw(1e-2, weight_decay=0.1))
+    state = opt.init(params)
+
+    ops: list[str] = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    updates, want_state = opt.update(grads, state, params)
+    want = optim.apply_updates(params, updates)
+    with Ops():
+        got, got_state = optim.step(opt, grads, state, params)
+    pure_ops = list(ops)
+    ops.clear()
+    p, s = params.clone(), state.clone()
+    memory = [v.to_local().data_ptr() for v in p.values(True, True)]
+    with Ops():
+        donated, _ = optim.step(opt, grads, s, p, donate=True)
+    return {
+        "pure_fused": any("_fused_adamw_" in o for o in pure_ops),
+        "donated_fused": any("_fused_adamw_" in o for o in ops),
+        "placements": [repr(v.placements[0]) for v in got.values(True, True)],
+        "close": all(
+            torch.allclose(a.to_local(), b.to_local(), rtol=1e-12, atol=1e-14)
+            for a, b in zip(got.values(True, True), want.values(True, True))
+        )
+        and all(
+            torch.allclose(a.to_local(), b.to_local(), rtol=1e-12, atol=1e-14)
+            for a, b in zip(got_state.values(True, True), want_state.values(True, True))
+            if isinstance(a, DTensor)
+        ),
+        "donated_equal": all(
+            torch.equal(a.to_local(), b.to_local())
+            for a, b in zip(donated.values(True, True), got.values(True, True))
+        ),
+        "in_place": [v.to_local().data_ptr() for v in donated.values(True, True)] == memory,
+        "input_unchanged": torch.equal(params["w"].to_local(), base["w"].chunk(world)[rank]),
+    }

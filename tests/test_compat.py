@@ -560,3 +560,15 @@ print("LAZY-OK")
     )
     assert proc.returncode == 0, proc.stderr
     assert "LAZY-OK" in proc.stdout
+
+
+def test_make_subclass():
+    class Sub(torch.Tensor):
+        pass
+
+    base = torch.arange(3.0)
+    s = C.make_subclass(Sub, base, False)
+    assert type(s) is Sub
+    assert s.tolist() == [0.0, 1.0, 2.0]
+    assert s.data_ptr() == base.data_ptr()  # the same memory, viewed as the subclass
+    assert not s.requires_grad

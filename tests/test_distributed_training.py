@@ -71,6 +71,62 @@ def test_small_buckets_give_the_same_values(two: Any) -> None:
         assert b["params_equal"] is True
 
 
+def test_units_step_matches_the_whole_model_step(two: Any, ref: Any) -> None:
+    res, _ = two
+    losses, _params = ref
+    for r in res:
+        # each element's gradient is reduced over the same two ranks: bit for bit
+        assert r["units_losses"] == r["eager_losses"]
+        assert r["units_params"] == r["eager_params"]
+        torch.testing.assert_close(torch.tensor(r["units_losses"]), torch.tensor(losses), **TOL)
+        # three units gathered once each in the forward, the rest (embedding, head) once;
+        # the backward gathers the three units again (the rest stays gathered)
+        assert r["units_gathers"] == (4, 3)
+        d = r["units_donated"]
+        assert d["losses"] == r["units_losses"][: W.DONATED_STEPS]
+        assert d["in_place"] is True
+
+
+def test_units_step_lets_each_unit_go_after_its_forward() -> None:
+    res = launch(W.run_unit_schedule, 2, timeout=200, pg_timeout=60)
+    for r in res:
+        assert r["loss"] == r["whole_loss"]
+        assert r["gathers"] == (4, 3)
+        alive = r["alive"]
+        # units 1 and 2 (self_attn, linear1) are gone by the end of the forward: nothing
+        # (autograd included) holds their full values; unit 3 (linear2) is the one in use
+        assert alive["end of forward"][1] == 0
+        assert alive["end of forward"][2] == 0
+        assert alive["end of forward"][3] > 0
+        # once the forward is over, no unit's full values are alive; the rest (unit 0: the
+        # embedding and the head) is, saved by autograd as FSDP2 keeps its root
+        start = alive["start of backward"]
+        assert start[1] == start[2] == start[3] == 0
+        assert start[0] > 0
+        assert r["write"].startswith("TypeError: sharded_step: the forward writes parameter")
+        assert "('head', 'weight')" in r["write"]
+        assert "mul_" in r["write"]
+        assert r["disagree"].startswith("ValueError: sharded_step")
+        assert r["good_after"] is True
+    assert res[1]["missing"].startswith("KeyError")
+    assert "'nope'" in res[1]["missing"]
+    assert res[0]["missing"].startswith("ValueError")
+    assert "rank(s) 1" in res[0]["missing"]
+
+
+def test_optim_step_runs_the_fused_kernel_on_dtensor_shards() -> None:
+    res = launch(W.run_fused_dtensor_step, 2, timeout=200, pg_timeout=60)
+    for r in res:
+        # the clip reduces over the ranks (DTensors), the fused AdamW runs on the local shards
+        assert r["pure_fused"] is True
+        assert r["donated_fused"] is True
+        assert r["close"] is True  # the values of update + apply_updates, to rounding
+        assert r["donated_equal"] is True
+        assert r["in_place"] is True
+        assert r["input_unchanged"] is True
+        assert r["placements"] == ["Shard(dim=0)", "Replicate()"]
+
+
 def test_compiled_step_is_one_graph_and_matches(two: Any, ref: Any) -> None:
     res, _ = two
     losses, params = ref
@@ -113,6 +169,8 @@ def test_four_ranks_match_and_resume_on_two(tmp_path: Path, ref: Any) -> None:
     for r in res:
         torch.testing.assert_close(torch.tensor(r["eager_losses"]), torch.tensor(losses), **TOL)
         _close(r["eager_params"], params)
+        torch.testing.assert_close(torch.tensor(r["units_losses"]), torch.tensor(losses), **TOL)
+        _close(r["units_params"], params)
     resumed = launch(W.run_resume, 2, args=(ckpt,), timeout=200, pg_timeout=60)
     for r in resumed:
         torch.testing.assert_close(
@@ -130,6 +188,10 @@ def test_gpt2_on_two_ranks_matches_one_process(tmp_path: Path) -> None:
     for r in res:
         torch.testing.assert_close(torch.tensor(r["eager_losses"]), torch.tensor(losses), **TOL)
         _close(r["eager_params"], params)
+        # gathered block by block: the same values (the tied embedding and head are the rest)
+        assert r["units_losses"] == r["eager_losses"]
+        assert r["units_params"] == r["eager_params"]
+        assert r["units_gathers"] == (3, 2)
     assert "transformer.wte.weight" in params  # the tied embedding and head: one leaf
     assert "lm_head.weight" not in params
     assert losses[-1] < losses[0]
@@ -184,7 +246,17 @@ def test_constructor_checks() -> None:
     ):
         with pytest.raises(error, match=r"bucket_mb must be a positive number of MiB, got"):
             sharded_step(lambda p, b: p, optim.sgd(0.1), bucket_mb=bad)  # type: ignore[arg-type]
+    for bad_units in ("h.0", ["h.0", 3], [""], {"h.0"}):
+        with pytest.raises(TypeError, match=r"units must be a list or tuple of key prefixes"):
+            sharded_step(lambda p, b: p, optim.sgd(0.1), units=bad_units)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"unit 'h.0' is given twice"):
+        sharded_step(lambda p, b: p, optim.sgd(0.1), units=["h.0", "h.1", "h.0"])
+    with pytest.raises(ValueError, match=r"units \(gathering unit by unit\) runs eagerly"):
+        sharded_step(lambda p, b: p, optim.sgd(0.1), units=["h.0"], compile=True)
     step = sharded_step(lambda p, b: p, optim.sgd(0.1), compile=False)
+    assert step.units is None
+    assert step.gathers is None
+    assert sharded_step(lambda p, b: p, optim.sgd(0.1), units=("a", "b")).units == ("a", "b")
     assert step.bucket_bytes == 4 * 2**20
     assert isinstance(step, ShardedStep)
     assert step.compiled is False

@@ -26,7 +26,7 @@ from .._ops import _can_foreach, check_same_structure
 from .._tree import KeyPath, has_leaves, is_node, leaves, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
 from . import _errors as E
-from ._fused import Kernel, fused_inputs
+from ._fused import Kernel, fused_inputs, local_lists
 
 #: A schedule maps the number of updates done so far (an int64 tensor) to a value (a tensor).
 Schedule = Callable[[Tensor], Tensor]
@@ -694,7 +694,9 @@ def build(
             if got is None:
                 return None
             lr, wd, new_p, new = got
-            kernel(lr, wd, new_p, s.g, new, s.count, s.h[DECAY_PICKS])
+            # DTensor leaves: the kernel writes their local tensors (an elementwise update)
+            kp, kg, *kb = local_lists(new_p, s.g, *new.values())
+            kernel(lr, wd, kp, kg, dict(zip(new, kb)), s.count, s.h[DECAY_PICKS])
             entries: dict[str, Any] = dict(new)
             if with_step:
                 entries["step"] = s.count + 1

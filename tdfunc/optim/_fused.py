@@ -10,6 +10,7 @@ checks the state and leaves, calls :func:`fused_inputs` and wraps the result for
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -29,27 +30,88 @@ Kernel = Callable[
 def fusable(lists: list[list[Tensor]]) -> bool:
     """Leaves a fused kernel takes: plain strided tensors (or parameters) of a floating
     dtype, on cpu or cuda, not batched by ``torch.vmap``, and at each position one dtype,
-    device and shape across the lists."""
+    device and shape across the lists; or, at a position, DTensors on one mesh with the same
+    placements (none partial) whose local tensors are such tensors (the update is
+    elementwise, so the kernel runs on the local tensors: :func:`local_lists`).
+
+    Example:
+        >>> import torch
+        >>> fusable([[torch.zeros(2)], [torch.ones(2)]]), fusable([[torch.zeros(2)], [torch.ones(3)]])
+        (True, False)
+    """
     first = lists[0]
     if not first or first[0].device.type not in ("cpu", "cuda"):
         return False
-    batched = C.is_batchedtensor
+    dtensor = _dtensor_type()
     for row in zip(*lists):
         x = row[0]
-        dtype, device, shape = x.dtype, x.device, x.shape
-        if dtype not in _FLOATS:
-            return False
-        for y in row:
-            if (
-                (type(y) is not Tensor and type(y) is not torch.nn.Parameter)
-                or y.dtype != dtype
-                or y.device != device
-                or y.shape != shape
-                or y.layout != torch.strided
-                or batched(y)
-            ):
+        if dtensor is not None and type(x) is dtensor:
+            if not _same_spec(row, dtensor):
                 return False
+            row = tuple(y._local_tensor for y in row)
+        if not _plain_row(row):
+            return False
     return True
+
+
+def _plain_row(row: tuple[Tensor, ...]) -> bool:
+    """Whether the tensors of one position are plain strided tensors of one floating dtype,
+    device and shape."""
+    x = row[0]
+    dtype, device, shape = x.dtype, x.device, x.shape
+    if dtype not in _FLOATS:
+        return False
+    batched = C.is_batchedtensor
+    for y in row:
+        if (
+            (type(y) is not Tensor and type(y) is not torch.nn.Parameter)
+            or y.dtype != dtype
+            or y.device != device
+            or y.shape != shape
+            or y.layout != torch.strided
+            or batched(y)
+        ):
+            return False
+    return True
+
+
+def _dtensor_type() -> type | None:
+    """``DTensor`` if ``torch.distributed.tensor`` is loaded (no DTensor exists otherwise:
+    this never imports it)."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    return getattr(mod, "DTensor", None) if mod is not None else None
+
+
+def _same_spec(row: tuple[Tensor, ...], dtensor: type) -> bool:
+    """Whether every tensor of ``row`` is a DTensor with the first one's mesh, placements and
+    global shape, and none of the placements is partial (a pending sum)."""
+    x: Any = row[0]
+    mesh, placements, shape = x.device_mesh, x.placements, x.shape
+    if any(p.is_partial() for p in placements):
+        return False
+    return all(
+        type(y) is dtensor
+        and y.device_mesh == mesh  # type: ignore[attr-defined]
+        and y.placements == placements  # type: ignore[attr-defined]
+        and y.shape == shape
+        for y in row
+    )
+
+
+def local_lists(*lists: list[Tensor]) -> list[list[Tensor]]:
+    """The lists with each DTensor replaced by its local tensor (the same memory: a kernel
+    writing the local tensor writes the DTensor).
+
+    Example:
+        >>> import torch
+        >>> t = torch.zeros(1)
+        >>> local_lists([t])[0][0] is t
+        True
+    """
+    dtensor = _dtensor_type()
+    if dtensor is None:
+        return list(lists)
+    return [[x._local_tensor if type(x) is dtensor else x for x in ls] for ls in lists]  # type: ignore[attr-defined]
 
 
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)

@@ -338,3 +338,19 @@ STEP_OPTIMIZER = (
     "got {typ}"
 )
 STEP_BUCKET = "{op}: bucket_mb must be a positive number of MiB, got {value!r}"
+STEP_UNITS_TYPE = (
+    "{op}: units must be a list or tuple of key prefixes (e.g. ['h.0', 'h.1']), got {value!r}"
+)
+STEP_UNITS_DUPLICATE = "{op}: unit {unit!r} is given twice in units"
+STEP_UNITS_COMPILED = (
+    "{op}: units (gathering unit by unit) runs eagerly; a compiled step is one graph in which "
+    "inductor frees each full value after its last use: leave units out with compile=True"
+)
+STEP_UNIT_MISSING = (
+    "{op}: no sharded parameter's key starts with unit {unit!r}; units are key prefixes of "
+    "the parameters, e.g. 'transformer.h.0'"
+)
+STEP_UNIT_WRITE = (
+    "{op}: the forward writes parameter {key} in place ({fn}); with units the parameters are "
+    "gathered on use and cannot be written: compute a new tensor instead"
+)

@@ -47,7 +47,7 @@ timeout.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -60,9 +60,11 @@ from ..._compat import functional_collectives, pytree
 from ..._donate import check_donated, check_not_consumed, consume, store_outputs
 from ..._keys import KeyPath, fmt_key
 from ..._tree import is_node, leaves, leaves_with_paths, map_leaves
+from ...optim._step import fused_of
 from .._common import agree
 from .._common import errors as E
 from .._common.mesh import describe_mesh
+from .units import REST, Placeholder, UnitGather, unit_keys, unit_of_leaves
 
 P = TypeVar("P")
 S = TypeVar("S")
@@ -79,10 +81,14 @@ class _Layout:
     whether it is sharded (with its global row count) or replicated."""
 
     __slots__ = (
+        "cap",
+        "dtypes",
         "fc",
+        "gathers",
         "group",
         "mesh",
         "n",
+        "nbytes",
         "replicated_groups",
         "rows",
         "sharded",
@@ -103,6 +109,9 @@ class _Layout:
         self.group = mesh.get_group(0)
         self.sharded = tuple(sharded)
         self.rows = tuple(rows)
+        self.dtypes, self.nbytes, self.cap = tuple(dtypes), tuple(nbytes), cap
+        #: with units: how many times units were gathered (forward, backward) in the call
+        self.gathers: tuple[int, int] | None = None
         #: positions of the sharded / replicated leaves in groups of one dtype and at most
         #: ``cap`` bytes of full values (or one larger leaf): each group's collective moves
         #: one flat buffer
@@ -269,6 +278,103 @@ def _local_grads(
     return reduced, loss
 
 
+def _local_grads_by_unit(
+    loss_fn: Callable[[Any, Any], Tensor],
+    layout: _Layout,
+    params: Any,
+    local: list[Tensor],
+    batch: Any,
+    unit_of: tuple[int, ...],
+) -> tuple[list[Tensor], Tensor]:
+    """:func:`_local_grads` gathering one unit at a time (``unit_of``: each leaf's unit, -1
+    for replicated leaves), eagerly, on plain autograd (see :mod:`.units`)."""
+    n, group, fc = layout.n, layout.group, layout.fc
+    leaves_ = [t.detach().requires_grad_() for t in local]
+    paths = [p for p, _ in leaves_with_paths(params)]
+
+    def gather(ix: list[int]) -> list[Tensor]:
+        got: dict[int, Tensor] = {}
+        sub = [layout.dtypes[i] for i in ix], [layout.nbytes[i] for i in ix]
+        for group_ in _groups([True] * len(ix), sub[0], True, sub[1], layout.cap):
+            pos = [ix[k] for k in group_]
+            full = _gather(fc, [local[i] for i in pos], [layout.rows[i] for i in pos], n, group)
+            # plain tensors (a view of the gathered buffer is still the collective's wrapper):
+            # the saved-tensor hook recognises the memory of plain tensors only
+            got.update((i, fc.wait_tensor(t)) for i, t in zip(pos, full))
+        return [got[i] for i in ix]
+
+    def scatter(ix: list[int], grads: list[Tensor]) -> list[Tensor]:
+        got: dict[int, Tensor] = {}
+        by_leaf = dict(zip(ix, grads))
+        grads.clear()
+        sub = [layout.dtypes[i] for i in ix], [layout.nbytes[i] for i in ix]
+        for group_ in _groups([True] * len(ix), sub[0], True, sub[1], layout.cap):
+            pos = [ix[k] for k in group_]
+            part = [by_leaf.pop(i) for i in pos]
+            rows = [local[i].shape[0] for i in pos]
+            got.update(zip(pos, _scatter(fc, part, rows, n, group)))
+        return [got[i] for i in ix]
+
+    gatherer = UnitGather(gather, scatter, unit_of, leaves_, unit_keys(paths), REST)
+    given = [
+        Placeholder.make(torch.Size((layout.rows[i], *t.shape[1:])), t.dtype, t.device, gatherer, i)
+        if u >= 0
+        else leaves_[i]
+        for i, (t, u) in enumerate(zip(local, unit_of))
+    ]
+    with (
+        torch.enable_grad(),
+        torch.autograd.graph.saved_tensors_hooks(gatherer.pack, gatherer.unpack),
+    ):
+        loss = loss_fn(map_leaves(params, given), batch)
+    gatherer.release_forward()
+    gatherer.pinned = {}
+    del given
+    if loss.requires_grad:
+        got = torch.autograd.grad(loss, leaves_, allow_unused=True, materialize_grads=True)
+    else:  # the loss does not depend on the parameters
+        got = tuple(torch.zeros_like(t) for t in local)
+    gatherer.release_backward(gatherer.back_unit)
+    layout.gathers = (gatherer.gathers[0], gatherer.gathers[1])
+    reduced: list[Any] = list(got)
+    del got
+    for ix in layout.replicated_groups:
+        for i, g in zip(ix, _average(fc, [reduced[i] for i in ix], n, group)):
+            reduced[i] = g
+    return reduced, loss.detach()
+
+
+def _grads(
+    loss_fn: Callable[[Any, Any], Tensor],
+    layout: _Layout,
+    params: Any,
+    batch: Any,
+    unit_of: tuple[int, ...] | None,
+) -> tuple[Any, Tensor]:
+    """The mean gradient over the ranks (DTensors built from this rank's parts, in the
+    parameters' structure: no communication) and the loss averaged over the ranks."""
+    dparams: list[DTensor] = [p for _, p in leaves_with_paths(params)]  # type: ignore[misc]
+    local = [p.to_local() for p in dparams]
+    if unit_of is None:
+        reduced, loss = _local_grads(loss_fn, layout, params, local, batch)
+    else:
+        reduced, loss = _local_grads_by_unit(loss_fn, layout, params, local, batch, unit_of)
+    del local
+    grads = [
+        DTensor.from_local(
+            g,
+            layout.mesh,
+            _SHARDED if s else _REPLICATED,
+            run_check=False,
+            shape=p.shape,
+            stride=p.stride(),
+        )
+        for g, p, s in zip(reduced, dparams, layout.sharded)
+    ]
+    (mean_loss,) = _average(layout.fc, [loss.detach()], layout.n, layout.group)
+    return map_leaves(params, grads), mean_loss
+
+
 def _core(
     loss_fn: Callable[[Any, Any], Tensor],
     optimizer: optim.GradientTransformation,
@@ -276,33 +382,19 @@ def _core(
     params: Any,
     state: Any,
     batch: Any,
+    unit_of: tuple[int, ...] | None = None,
 ) -> tuple[Any, Any, Tensor]:
     """The step itself (what ``torch.compile`` traces): gather, grad, reduce, update.
 
     Everything runs under ``no_grad`` (``torch.func.grad`` differentiates inside it anyway): a
     step records nothing for autograd, and its outputs never require grad, so the next call
-    matches the same graph.
+    matches the same graph. The update is :func:`tdfunc.optim.step`: eagerly, torch's fused
+    kernel on copies of the local shards where one fits; traced, ``update`` +
+    ``apply_updates``.
     """
     with torch.no_grad():
-        dparams: list[DTensor] = [p for _, p in leaves_with_paths(params)]  # type: ignore[misc]
-        reduced, loss = _local_grads(
-            loss_fn, layout, params, [p.to_local() for p in dparams], batch
-        )
-        n, group, fc = layout.n, layout.group, layout.fc
-        grads = [
-            DTensor.from_local(
-                g,
-                layout.mesh,
-                _SHARDED if s else _REPLICATED,
-                run_check=False,
-                shape=p.shape,
-                stride=p.stride(),
-            )
-            for g, p, s in zip(reduced, dparams, layout.sharded)
-        ]
-        updates, new_state = optimizer.update(map_leaves(params, grads), state, params)
-        new_params = optim.apply_updates(params, updates)
-        (mean_loss,) = _average(fc, [loss.detach()], n, group)
+        grads, mean_loss = _grads(loss_fn, layout, params, batch, unit_of)
+        new_params, new_state = optim.step(optimizer, grads, state, params)
         return new_params, new_state, mean_loss
 
 
@@ -313,10 +405,11 @@ def _core_donated(
     params: Any,
     state: Any,
     batch: Any,
+    unit_of: tuple[int, ...] | None = None,
 ) -> tuple[Any, Any, Tensor]:
-    """:func:`_core` with the new parameters and state written into the given ones (donated:
-    compiled, inductor stores the results straight into the local shards)."""
-    new_params, new_state, loss = _core(loss_fn, optimizer, layout, params, state, batch)
+    """:func:`_core` with the new parameters and state written into the given ones (donated;
+    compiled: inductor stores the results straight into the local shards)."""
+    new_params, new_state, loss = _core(loss_fn, optimizer, layout, params, state, batch, unit_of)
     with torch.no_grad():
         new_params, new_state = store_outputs(
             (new_params, new_state), [*leaves(params), *leaves(state)]
@@ -324,14 +417,45 @@ def _core_donated(
     return new_params, new_state, loss
 
 
+def _core_in_place(
+    loss_fn: Callable[[Any, Any], Tensor],
+    optimizer: optim.GradientTransformation,
+    layout: _Layout,
+    params: Any,
+    state: Any,
+    batch: Any,
+    unit_of: tuple[int, ...] | None = None,
+) -> tuple[Any, Any, Tensor]:
+    """The eager donated step: torch's fused kernel writes the new values into the given
+    local shards and state (no new buffers), where one fits; otherwise :func:`_core_donated`'s
+    update and copy."""
+    with torch.no_grad():
+        grads, mean_loss = _grads(loss_fn, layout, params, batch, unit_of)
+        fused = fused_of(optimizer)
+        out = fused(grads, state, params, True) if fused is not None else None
+        if out is None:
+            updates, new_state = optimizer.update(grads, state, params)
+            out = store_outputs(
+                (optim.apply_updates(params, updates), new_state),
+                [*leaves(params), *leaves(state)],
+            )
+        return out[0], out[1], mean_loss
+
+
 Signature = tuple[
     tuple[KeyPath, ...], tuple[tuple[int, ...], ...], tuple[torch.dtype, ...], tuple[Any, ...]
 ]
 
 
-def _signature(pairs: list[tuple[KeyPath, Tensor]], state: Any, batch: Any) -> Signature:
+def _signature(
+    pairs: list[tuple[KeyPath, Tensor]],
+    state: Any,
+    batch: Any,
+    units: tuple[str, ...] | None = None,
+) -> Signature:
     """What the ranks compare: key paths, shapes, dtypes and placements of the parameters
-    (global), the state and the batch (this rank's part), and the batch's structure."""
+    (global), the state and the batch (this rank's part), the batch's structure and the
+    units gathered one by one (a different schedule would pair different collectives)."""
     paths: list[KeyPath] = []
     shapes: list[tuple[int, ...]] = []
     dtypes: list[torch.dtype] = []
@@ -359,6 +483,10 @@ def _signature(pairs: list[tuple[KeyPath, Tensor]], state: Any, batch: Any) -> S
         paths.append((name, "<structure>"))
         shapes.append(())
         dtypes.append(torch.float32)
+    paths.append(("units", "<units>"))
+    shapes.append(())
+    dtypes.append(torch.float32)
+    placements.append(("units", repr(units)))
     return tuple(paths), tuple(shapes), tuple(dtypes), tuple(placements)
 
 
@@ -372,6 +500,9 @@ class ShardedStep(Generic[P, S]):
         compiled: whether the step runs as one compiled graph.
         donate: whether the parameters and state passed in are donated.
         bucket_bytes: the most bytes of full values one collective moves.
+        units: the key prefixes gathered one at a time (None: the whole model at once).
+        gathers: with ``units``, how many times the last call gathered a unit in the forward
+            and in the backward (each gather: one all-gather per bucket of the unit).
         calls: the number of calls so far.
     """
 
@@ -383,8 +514,19 @@ class ShardedStep(Generic[P, S]):
         compile: bool = False,
         donate: bool = False,
         bucket_mb: float = 4.0,
+        units: Sequence[str] | None = None,
         **compile_kwargs: Any,
     ) -> None:
+        if units is not None:
+            if not isinstance(units, (list, tuple)) or not all(
+                isinstance(u, str) and u for u in units
+            ):
+                raise TypeError(E.STEP_UNITS_TYPE.format(op=OP, value=units))
+            for j, u in enumerate(units):
+                if u in units[:j]:
+                    raise ValueError(E.STEP_UNITS_DUPLICATE.format(op=OP, unit=u))
+            if compile:
+                raise ValueError(E.STEP_UNITS_COMPILED.format(op=OP))
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)):
             raise TypeError(E.STEP_BUCKET.format(op=OP, value=bucket_mb))
         if not 0 < bucket_mb < math.inf:
@@ -398,8 +540,10 @@ class ShardedStep(Generic[P, S]):
         self.compiled = bool(compile)
         self.donate = bool(donate)
         self.bucket_bytes = max(1, int(bucket_mb * 2**20))
+        self.units: tuple[str, ...] | None = None if units is None else tuple(units)
+        self.gathers: tuple[int, int] | None = None
         self.calls = 0
-        core = _core_donated if donate else _core
+        core = (_core_donated if compile else _core_in_place) if donate else _core
         self._core: Callable[..., tuple[Any, Any, Tensor]] = core
         if compile:
             self._core = torch.compile(core, fullgraph=True, **compile_kwargs)
@@ -416,6 +560,13 @@ class ShardedStep(Generic[P, S]):
             if mesh is not None:
                 agree.reject(OP, mesh)
             raise
+        unit_of: tuple[int, ...] | None = None
+        if self.units is not None:
+            try:
+                unit_of = unit_of_leaves([p for p, _ in pairs], layout.sharded, self.units)
+            except KeyError:
+                agree.reject(OP, layout.mesh)
+                raise
         given = (params, state)
         if self.donate:
             try:
@@ -428,12 +579,13 @@ class ShardedStep(Generic[P, S]):
             # and its outputs do not require grad; detached here, the first call and the next
             # ones (with the outputs) match the same compiled graph
             params = map_leaves(params, [p.detach() for _, p in pairs])  # type: ignore[arg-type]
-        sig = _signature(pairs, state, batch)
+        sig = _signature(pairs, state, batch, self.units)
         if sig not in self._agreed:
             paths, shapes, dtypes, placements = sig
             agree.check(OP, OP, layout.mesh, paths, shapes, dtypes, placements, ())
             self._agreed.add(sig)
-        out = self._core(self.loss_fn, self.optimizer, layout, params, state, batch)
+        out = self._core(self.loss_fn, self.optimizer, layout, params, state, batch, unit_of)
+        self.gathers = layout.gathers
         self.calls += 1
         if self.donate:
             for i, x in enumerate(given):
@@ -459,6 +611,7 @@ def sharded_step(
     compile: bool = False,
     donate: bool = False,
     bucket_mb: float = 4.0,
+    units: Sequence[str] | None = None,
     **compile_kwargs: Any,
 ) -> ShardedStep[Any, Any]:
     """A data-parallel training step over parameters sharded across the ranks of a mesh.
@@ -533,5 +686,11 @@ def sharded_step(
         (torch.Size([]), 'DTensor')
     """
     return ShardedStep(
-        loss_fn, optimizer, compile=compile, donate=donate, bucket_mb=bucket_mb, **compile_kwargs
+        loss_fn,
+        optimizer,
+        compile=compile,
+        donate=donate,
+        bucket_mb=bucket_mb,
+        units=units,
+        **compile_kwargs,
     )
