@@ -138,12 +138,17 @@ class Placeholder(Tensor):
             return Placeholder.make(shape, dtype, device, p._units, p._leaf)
         name = getattr(func, "__name__", "")
         written = _first_placeholder([args[0]] if args else [])
-        if name.endswith("_") and not name.endswith("__") and written is not None:
+        # (``x += y`` arrives as ``add_``; torch turns this TypeError into NotImplemented
+        # there, and Python then computes ``x = x + y``: a new tensor, the parameter unwritten)
+        if written is not None and name.endswith("_") and not name.endswith("__"):
             raise TypeError(E.STEP_UNIT_WRITE.format(op=OP, key=written._key, fn=name))
         if name in {"__setitem__", "__set__"} and written is not None:
             raise TypeError(E.STEP_UNIT_WRITE.format(op=OP, key=written._key, fn=name))
         out = kwargs.get("out")
-        if out is not None and _first_placeholder(out if isinstance(out, (list, tuple)) else [out]):
+        if (
+            out is not None
+            and _first_placeholder(out if isinstance(out, (list, tuple)) else [out]) is not None
+        ):
             raise TypeError(E.STEP_UNIT_WRITE.format(op=OP, key=_placeholder_key(out), fn=name))
         args = [_full(a) for a in args]
         kwargs = {k: _full(v) for k, v in kwargs.items()}
