@@ -4,7 +4,12 @@
 AdamW on a global batch of 8 sequences of 16 tokens split over 2 gloo ranks (one thread each).
 
 * ``tdfunc``: ``tdfunc.distributed.sharded_step`` over ``distribute(from_module(model), mesh,
-  [Shard(0)])`` (every parameter sharded by rows, as FSDP2 does) and ``optim.adamw``.
+  [Shard(0)])`` (every parameter sharded by rows, as FSDP2 does) and ``optim.adamw``; the
+  whole model gathered once per step. ``tdfunc_units``: the same step with
+  ``units=["transformer.h.0", ...]`` (eager: each block gathered when the forward reaches it,
+  let go after it, gathered again for the backward; FSDP2's schedule); ``_donated``: with
+  ``donate=True`` (eagerly, torch's fused AdamW writes the shards in place, as FSDP2's
+  optimizer does).
 * ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on each transformer block and on the
   model, ``torch.optim.AdamW`` (foreach), ``loss.backward()``, ``step()``, ``zero_grad()``.
 
@@ -14,17 +19,17 @@ FSDP2 with ``torch.compile`` on the model, its collectives run by its hooks):
 * step time, paired rounds inside the ranks (each round: both ranks meet at a barrier, time
   ``calls`` steps of A then of B, order alternating; the round's time on each side is the
   slower rank's), the median of per-round ratios tdfunc / FSDP2, and an A/A control (tdfunc
-  against a second tdfunc step) in the same run;
-* ``peak_mib``: the growth of the resident set during one eager step of a larger model (4
-  layers, 256 wide: 3.2M parameters; Linux ``VmHWM`` after a reset, warm process; one fresh
-  2-rank launch per contender, tdfunc also with ``donate=True``), the larger of the two
-  ranks;
+  against a second tdfunc step) in the same run; eagerly also ``tdfunc_units_donated`` /
+  FSDP2;
+* memory, on a larger model (4 layers, 256 wide: 3.2M parameters, 12.6 MiB), one fresh
+  2-rank launch per contender, the larger of the two ranks, warm processes:
+  ``heap_peak_mib``: the high-water mark of the bytes the C heap holds during one step above
+  what it held before it (glibc's ``mallinfo2`` sampled by a thread; torch's CPU allocator
+  takes its memory there), the highest of three steps; ``rss_peak_mib``: the growth of the
+  resident set (Linux ``VmHWM`` after a reset; it moves with the allocator's slack, so it
+  only resolves large differences);
 * ``bytes_per_step``: the bytes each rank hands to collectives in one step of that model (the
   input of every all-gather, reduce-scatter and all-reduce, counted by a dispatch mode).
-
-What the two do differently (see the distributed guide): FSDP2 gathers one block at a time
-and gathers it again in the backward (its memory peak is near one block); tdfunc's step
-gathers the whole model once per step.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ import pytest
 import torch
 
 from tdfunc.testing import launch
+
+from .memory import heap_peak
 
 CATEGORY = "distributed"
 WORLD = 2
@@ -82,8 +89,11 @@ def _lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _tdfunc_step(rank: int, compiled: bool, size: str = "time", donate: bool = False) -> Any:
-    """A closure running one tdfunc sharded step on this rank (state kept inside)."""
+def _tdfunc_step(
+    rank: int, compiled: bool, size: str = "time", donate: bool = False, units: bool = False
+) -> Any:
+    """A closure running one tdfunc sharded step on this rank (state kept inside); ``units``:
+    gathering block by block (``units=["transformer.h.0", ...]``, eager only)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
 
@@ -100,7 +110,8 @@ def _tdfunc_step(rank: int, compiled: bool, size: str = "time", donate: bool = F
         return _lm_loss(tdfunc.functional_call(model, p, (ids,)).logits, ids)
 
     kw = {"compile": True, "backend": "inductor"} if compiled else {}
-    step = tdd.sharded_step(loss_fn, opt, donate=donate, **kw)
+    blocks = [f"transformer.h.{i}" for i in range(SIZES[size][0])] if units else None
+    step = tdd.sharded_step(loss_fn, opt, donate=donate, units=blocks, **kw)
     ids = _batch(rank)
     box = [params, opt.init(params)]
 
@@ -161,11 +172,17 @@ def _rounds(a: Any, b: Any, rounds: int, calls: int) -> list[float]:
 
 
 def time_ranks(rank: int, world: int, rounds: int, calls: int, compiled: bool) -> dict[str, Any]:
-    """Paired rounds tdfunc / FSDP2 and the A/A control tdfunc / tdfunc."""
+    """Paired rounds tdfunc / FSDP2 and the A/A control tdfunc / tdfunc; eagerly also tdfunc
+    gathering block by block with donated shards (FSDP2's schedule, updating in place as
+    FSDP2 does) / FSDP2."""
     torch.set_num_threads(1)
     a, a2 = _tdfunc_step(rank, compiled), _tdfunc_step(rank, compiled)
     b = _fsdp2_step(rank, compiled)
-    return {"ratios": _rounds(a, b, rounds, calls), "aa": _rounds(a, a2, rounds, calls)}
+    out = {"ratios": _rounds(a, b, rounds, calls), "aa": _rounds(a, a2, rounds, calls)}
+    if not compiled:
+        u = _tdfunc_step(rank, compiled, donate=True, units=True)
+        out["units_ratios"] = _rounds(u, b, rounds, calls)
+    return out
 
 
 def _status(key: str) -> int:
@@ -202,32 +219,17 @@ class _Bytes:
         self.mode, self.total = Mode(), total
 
 
-def live_peak(run: Any) -> int:
-    """The high-water mark of the bytes torch's allocator holds while ``run()`` runs, above
-    what it held before: torch's profiler records each allocation with the op that made it
-    and each free, so the running sum in time order is the live bytes (an op's own
-    temporaries that it frees before it returns show as their net)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = sorted(prof.events(), key=lambda e: e.time_range.start)
-    live = peak = 0
-    for e in events:
-        live += e.self_cpu_memory_usage
-        peak = max(peak, live)
-    return peak
-
-
 def memory_ranks(rank: int, world: int, contender: str) -> dict[str, Any]:
-    """Growth of live allocator bytes and of the resident set during one warm eager step,
-    and the bytes sent by this rank."""
+    """Growth of the heap and of the resident set during one warm step, and the bytes sent
+    by this rank (eager steps only)."""
     torch.set_num_threads(1)
     compiled = contender.endswith("_compiled")
     if contender.startswith("fsdp2"):
         run = _fsdp2_step(rank, compiled, "memory")
     else:
-        run = _tdfunc_step(rank, compiled, "memory", donate="donated" in contender)
+        run = _tdfunc_step(
+            rank, compiled, "memory", donate="donated" in contender, units="units" in contender
+        )
     for _ in range(3):
         run()
     counter = _Bytes()
@@ -239,7 +241,9 @@ def memory_ranks(rank: int, world: int, contender: str) -> dict[str, Any]:
     before = _status("VmRSS:")
     run()
     rss = _status("VmHWM:") - before
-    return {"peak": rss, "live": live_peak(run), "bytes": counter.total[0]}
+    heaps = [heap_peak(run) for _ in range(3)]
+    heap = None if None in heaps else max(h for h in heaps if h is not None)
+    return {"peak": rss, "heap": heap, "bytes": counter.total[0]}
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -257,16 +261,22 @@ def test_sharded_train_step_vs_fsdp2(benchmark: Any, bench_quick: bool, mode: st
     # the memory of the step of this mode (eager, or compiled: tdfunc's one graph, FSDP2's
     # compiled model); bytes sent are counted eagerly only (a dispatch mode)
     suffix = "_compiled" if mode == "compiled" else ""
+    names = ["tdfunc", "tdfunc_donated", "fsdp2"]
+    if not suffix:  # gathering unit by unit is eager only
+        names[2:2] = ["tdfunc_units", "tdfunc_units_donated"]
     mem = {
         c: launch(memory_ranks, WORLD, args=(c + suffix,), timeout=900, pg_timeout=600)
-        for c in ("tdfunc", "tdfunc_donated", "fsdp2")
+        for c in names
     }
-    peak = {c: max(r["peak"] for r in res) / 2**20 for c, res in mem.items()}
-    live = {c: max(r["live"] for r in res) / 2**20 for c, res in mem.items()}
-    # bytes sent: counted in the eager step only (None in the compiled row)
+    rss = {c: max(r["peak"] for r in res) / 2**20 for c, res in mem.items()}
+    heap = {
+        c: None if any(r["heap"] is None for r in res) else max(r["heap"] for r in res) / 2**20
+        for c, res in mem.items()
+    }
     sent = {c: None if suffix else max(r["bytes"] for r in res) for c, res in mem.items()}
     ratios, aa = timing["ratios"], timing["aa"]
-    info = {
+    units = timing.get("units_ratios")
+    info: dict[str, Any] = {
         "workload": "sharded_train_gpt2",
         "mode": mode,
         "contender": "tdfunc",
@@ -282,24 +292,39 @@ def test_sharded_train_step_vs_fsdp2(benchmark: Any, bench_quick: bool, mode: st
         "calls_per_round": calls,
         "target": 1.0,
         "ranks": WORLD,
-        "peak_mib_tdfunc": peak["tdfunc"],
-        "peak_mib_fsdp2": peak["fsdp2"],
-        "peak_mib_tdfunc_donated": peak["tdfunc_donated"],
-        "peak_ratio": peak["tdfunc"] / peak["fsdp2"] if peak["fsdp2"] else float("nan"),
-        "live_peak_mib_tdfunc": live["tdfunc"],
-        "live_peak_mib_tdfunc_donated": live["tdfunc_donated"],
-        "live_peak_mib_fsdp2": live["fsdp2"],
-        "live_peak_ratio": live["tdfunc"] / live["fsdp2"] if live["fsdp2"] else float("nan"),
-        "bytes_per_step_tdfunc": sent["tdfunc"],
-        "bytes_per_step_fsdp2": sent["fsdp2"],
     }
+    if units is not None:
+        info.update(
+            units_donated_ratio=statistics.median(units),
+            units_donated_ratio_min=min(units),
+            units_donated_ratio_max=max(units),
+        )
+    fsdp2_heap = heap["fsdp2"]
+    for c in names:
+        info[f"rss_peak_mib_{c}"] = rss[c]
+        info[f"heap_peak_mib_{c}"] = heap[c]
+        if c != "fsdp2":
+            h = heap[c]
+            info[f"heap_ratio_{c}"] = h / fsdp2_heap if h is not None and fsdp2_heap else None
+        info[f"bytes_per_step_{c}"] = sent[c]
     benchmark.extra_info.update(info)
-    print(
-        f"\nsharded_train_gpt2 [{mode}] tdfunc / fsdp2: {info['ratio']:.3f} "
-        f"[{info['ratio_min']:.3f}-{info['ratio_max']:.3f}]; A/A {info['aa']:.3f}; "
-        f"peak MiB {peak['tdfunc']:.1f} (donated {peak['tdfunc_donated']:.1f}) vs "
-        f"{peak['fsdp2']:.1f}; live allocator peak MiB {live['tdfunc']:.1f} "
-        f"(donated {live['tdfunc_donated']:.1f}) vs {live['fsdp2']:.1f}; "
-        f"bytes/step {sent['tdfunc']} vs {sent['fsdp2']}"
-    )
+
+    def mib(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.1f}"
+
+    lines = [
+        f"\nsharded_train_gpt2 [{mode}] step time tdfunc / fsdp2: {info['ratio']:.3f} "
+        f"[{info['ratio_min']:.3f}-{info['ratio_max']:.3f}]; A/A {info['aa']:.3f}"
+    ]
+    if units is not None:
+        lines.append(
+            f"  units + donated / fsdp2: {info['units_donated_ratio']:.3f} "
+            f"[{info['units_donated_ratio_min']:.3f}-{info['units_donated_ratio_max']:.3f}]"
+        )
+    for c in names:
+        lines.append(
+            f"  {c}: heap peak {mib(heap[c])} MiB, resident-set peak {mib(rss[c])} MiB, "
+            f"bytes/step {sent[c]}"
+        )
+    print("\n".join(lines))
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)

@@ -5,8 +5,13 @@ rank holds a block of rows, uneven sizes allowed), every vector replicated (DDP'
 ``tdfunc.distributed.sharded_step`` turns a loss function and a ``tdfunc.optim`` optimizer
 into a pure step, ``params, state, loss = step(params, state, batch)``: it gathers the full
 parameters, computes the gradient on this rank's part of the batch, reduce-scatters it back
-to the shards (all-reduce for replicated leaves) and updates the shards. With
-``compile=True`` it is one compiled graph per rank, collectives included.
+to the shards (all-reduce for replicated leaves) and updates the shards.
+
+The 2-rank job runs FSDP's schedule eagerly: ``units=["block"]`` gathers the transformer
+block only when the forward reaches it and lets it go after it (it is gathered again for the
+backward), and ``donate=True`` lets torch's fused AdamW write the new shards and state into
+the ones passed in. The resumed job runs the step as one compiled graph per rank
+(``compile=True``), collectives included: the same values either way.
 
 The job checkpoints asynchronously every few steps (``save_checkpoint(async_save=True)``: the
 next step runs while the files are written, and the save is committed after it); then rank 1
@@ -94,7 +99,10 @@ def run(rank: int, world: int, path: str, start: int) -> list[float]:
         # the checkpoint was written by another number of ranks: resharded to this layout
         loaded = tdd.load_checkpoint(path, tdfunc.TensorDict(params=params, state=state))
         params, state = loaded["params"], loaded["state"]
-    step = tdd.sharded_step(loss_fn, opt, compile=True, backend="aot_eager")
+    if start == 0:  # eager, the block gathered on use, the shards updated in place
+        step = tdd.sharded_step(loss_fn, opt, units=["block"], donate=True)
+    else:  # one compiled graph per rank
+        step = tdd.sharded_step(loss_fn, opt, compile=True, backend="aot_eager")
     losses, pending = [], None
     for i in range(start, STEPS):
         if world > 1 and rank == 1 and i == DIES_AT:

@@ -22,13 +22,28 @@ every rank of the mesh, one call:
 5. returns the new parameters (same placements), the new state and the loss averaged over
    the ranks (an all-reduce of one number). The inputs are not changed.
 
-What is gathered when: the whole parameter set, before the forward. Each collective moves
-one flat buffer of at most ``bucket_mb`` MiB of full values (leaves of one dtype packed
-together). The full parameters and gradients live only for the forward and backward: each
-bucket of full gradients is let go once it is packed for its reduce-scatter, and the
-optimizer runs on shards only. Peak memory per rank is therefore the full parameters and
-gradients at the end of the backward, plus ``1/n`` of the parameters and optimizer state
-(FSDP's layer-by-layer gathering, which keeps the peak near one layer, is not done).
+What is gathered when. By default, the whole parameter set, before the forward. Each
+collective moves one flat buffer of at most ``bucket_mb`` MiB of full values (leaves of one
+dtype packed together). The full parameters and gradients live only for the forward and
+backward: each bucket of full gradients is let go once it is packed for its reduce-scatter,
+and the optimizer runs on shards only. Peak memory per rank is then the full parameters and
+gradients at the end of the backward, plus ``1/n`` of the parameters and optimizer state.
+
+With ``units=[key prefixes]`` (eager), FSDP's schedule instead (:mod:`.units`): each unit
+(the parameters under one prefix, e.g. one transformer block) is gathered when the forward
+first uses it and let go when the forward moves on to the next unit; autograd keeps a recipe
+instead of the full values it saves (a saved-tensor hook), and the backward gathers the unit
+again when it reaches it; each unit's gradients are reduce-scattered as soon as the backward
+is done with the unit. The parameters under no prefix are gathered once and kept for the
+step, as FSDP2 keeps its root module's. Peak memory per rank is then about one unit of full
+parameters and gradients above the shards, optimizer state and activations; each unit is
+gathered twice per step, as FSDP2 does. This path differentiates with plain autograd
+(``torch.autograd.grad``: functorch refuses saved-tensor hooks); ``loss_fn`` sees
+:class:`~tdfunc.distributed._training.units.Placeholder` tensors for the sharded parameters,
+which gather on first use and refuse in-place writes.
+
+The update is :func:`tdfunc.optim.step`: eagerly, torch's fused kernel (``_fused_adamw_``...)
+on the local shards where one fits, on copies (pure) or, with ``donate=True``, in place.
 
 With ``compile=True`` the step is one ``torch.compile(fullgraph=True)`` graph per rank,
 collectives included (torch's functional collectives, which Dynamo traces); the structure
@@ -202,7 +217,9 @@ def _gather(fc: Any, local: list[Tensor], rows: list[int], n: int, group: Any) -
     all-gather of a flat buffer (each leaf padded to the same row count on every rank)."""
     pers = [-(-r // n) for r in rows]
     flat = torch.cat([_pad_rows(t, per).reshape(-1) for t, per in zip(local, pers)])
-    every = fc.all_gather_single(flat, 0, group).view(n, -1)  # rank-major
+    # waited at once: views of the collective's pending result would each pass through its
+    # Python wrapper eagerly (traced, the wait is where the graph needs the values anyway)
+    every = fc.wait_tensor(fc.all_gather_single(flat, 0, group)).view(n, -1)  # rank-major
     out, off = [], 0
     for t, per, r in zip(local, pers, rows):
         size = per * math.prod(t.shape[1:])
@@ -298,9 +315,8 @@ def _local_grads_by_unit(
         for group_ in _groups([True] * len(ix), sub[0], True, sub[1], layout.cap):
             pos = [ix[k] for k in group_]
             full = _gather(fc, [local[i] for i in pos], [layout.rows[i] for i in pos], n, group)
-            # plain tensors (a view of the gathered buffer is still the collective's wrapper):
-            # the saved-tensor hook recognises the memory of plain tensors only
-            got.update((i, fc.wait_tensor(t)) for i, t in zip(pos, full))
+            got.update(zip(pos, full))  # plain tensors (waited): the saved-tensor hook
+            # recognises the memory of plain tensors only
         return [got[i] for i in ix]
 
     def scatter(ix: list[int], grads: list[Tensor]) -> list[Tensor]:
@@ -628,6 +644,8 @@ def sharded_step(
     (reduce-scatter; all-reduce for replicated leaves), and applies the optimizer to the
     shards; ``loss`` is the loss averaged over the ranks. With equal batch parts on every rank
     it computes what one process computes on the whole batch. The inputs are not changed.
+    With ``units``, it gathers one unit (e.g. one transformer block) at a time instead, as
+    FSDP does, for a peak memory near one unit of full values (module docstring).
 
     Args:
         loss_fn: ``loss_fn(params, batch) -> scalar tensor``; ``params`` is a container of the
@@ -638,10 +656,16 @@ def sharded_step(
         compile: run the step as one ``torch.compile(fullgraph=True)`` graph per rank,
             collectives included (no graph break; a new graph only for a new structure).
         donate: the caller will not use the parameters and state it passes again: the new
-            ones are written into their local shards (compiled, inductor stores the results
-            there: no new buffers per step) and the containers passed in are consumed (a
+            ones are written into their local shards (eager, torch's fused kernel updates
+            them in place where one fits; compiled, inductor stores the results there: no
+            new buffers per step) and the containers passed in are consumed (a
             later use raises :class:`tdfunc.DonatedError`), as with
             :func:`tdfunc.compile`'s ``donate``; the values are those of the undonated step.
+        units: key prefixes of the parameters (dotted, e.g. ``["transformer.h.0",
+            "transformer.h.1"]``) gathered one unit at a time (FSDP's schedule: see the
+            module); eager only. ``None`` (default): the whole model at once. Every rank
+            must pass the same units, and the forward must use them in the same order on
+            every rank (each gather is a collective).
         bucket_mb: the most MiB of full values one collective moves: the leaves of one
             dtype are packed into flat buffers of up to this size (a larger leaf alone), one
             all-gather and one reduce-scatter (or all-reduce) each. Smaller buckets lower the
@@ -655,12 +679,18 @@ def sharded_step(
 
     Raises:
         TypeError: ``loss_fn`` is not callable, ``optimizer`` is not a gradient
-            transformation or ``bucket_mb`` is not a number (here); at a call, a parameter
-            that is not a DTensor, or ``params`` that is not a container.
-        ValueError: ``bucket_mb`` is not positive and finite (here); at a call, parameters
+            transformation, ``bucket_mb`` is not a number or ``units`` is not a list or
+            tuple of non-empty strings (here); at a call, a parameter that is not a DTensor,
+            ``params`` that is not a container, or (with ``units``) a forward that writes a
+            parameter in place.
+        KeyError: with ``units``, a prefix that no sharded parameter's key starts with (at
+            a call; the other ranks raise ``ValueError`` naming this rank).
+        ValueError: ``bucket_mb`` is not positive and finite, a unit given twice, or
+            ``units`` with ``compile=True`` (here); at a call, parameters
             on a mesh that is not 1-D or on different meshes,
             a placement other than ``Shard(0)`` / ``Replicate()`` (each naming the key), or
-            ranks that pass different structures (raised on every rank before data moves);
+            ranks that pass different structures or units (raised on every rank before data
+            moves);
             with ``donate=True``, donated leaves that share memory.
         tdfunc.DonatedError: with ``donate=True``, parameters or state that an earlier call
             consumed.
@@ -684,6 +714,11 @@ def sharded_step(
         >>> params, state, loss = step(params, opt.init(params), (torch.ones(4, 3), torch.zeros(4, 1)))
         >>> loss.shape, type(params["weight"]).__name__
         (torch.Size([]), 'DTensor')
+        >>> # FSDP's schedule: each unit gathered on use (here one: the whole Linear)
+        >>> by_unit = sharded_step(loss_fn, opt, units=["weight"], donate=True)
+        >>> params, state, loss = by_unit(params, opt.init(params), (torch.ones(4, 3), torch.zeros(4, 1)))
+        >>> by_unit.gathers  # forward: the unit, the rest; the backward reads no weight here
+        (2, 0)
     """
     return ShardedStep(
         loss_fn,
