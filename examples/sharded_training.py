@@ -100,7 +100,9 @@ def run(rank: int, world: int, path: str, start: int) -> list[float]:
         loaded = tdd.load_checkpoint(path, tdfunc.TensorDict(params=params, state=state))
         params, state = loaded["params"], loaded["state"]
     if start == 0:  # eager, the block gathered on use, the shards updated in place
+        # --8<-- [start:units]
         step = tdd.sharded_step(loss_fn, opt, units=["block"], donate=True)
+        # --8<-- [end:units]
     else:  # one compiled graph per rank
         step = tdd.sharded_step(loss_fn, opt, compile=True, backend="aot_eager")
     losses, pending = [], None
