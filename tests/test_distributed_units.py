@@ -110,6 +110,26 @@ def test_a_write_to_a_placeholder_is_a_type_error_naming_the_key(write: Any) -> 
     assert g.local[0].tolist() == [1.0, 1.0]
 
 
+def test_a_use_under_no_grad_does_not_cut_the_gradient_of_a_later_use() -> None:
+    g, (r, u) = _setup((REST, 1), [(2,), (2,)])
+    with torch.no_grad():  # e.g. a target computed from the same parameters
+        target = (r * 2 + u).detach()
+    loss = ((r + u) * target).sum()  # both units gathered again, now with a graph
+    assert g.gathers == [4, 0]
+    gr, gu = torch.autograd.grad(loss, g.local)
+    assert gr.tolist() == gu.tolist() == target.tolist() == [4.0, 4.0]
+
+
+def test_a_forward_under_vmap_gathers_and_differentiates() -> None:
+    g, (w,) = _setup((1,), [(3,)])
+    xs = torch.arange(6.0, dtype=torch.float64).reshape(2, 3)
+    out = torch.vmap(lambda x: (x * w).sum())(xs)
+    (gw,) = torch.autograd.grad(out.sum(), g.local)
+    assert out.tolist() == [3.0, 12.0]
+    assert gw.tolist() == xs.sum(0).tolist()
+    assert g.gathers == [1, 0]
+
+
 def test_augmented_assignment_makes_a_new_tensor() -> None:
     g, (p,) = _setup((1,), [(2,)])
     q = p

@@ -201,12 +201,19 @@ class _Saved:
 
 class _GatherUnit(torch.autograd.Function):
     """Forward: the full values of one unit's sharded leaves (all-gathers). Backward: their
-    gradients reduced and scattered back to this rank's rows (reduce-scatters)."""
+    gradients reduced and scattered back to this rank's rows (reduce-scatters). (The
+    ``setup_context`` form: torch.func transforms accept it, e.g. a forward under
+    ``torch.vmap``.)"""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx: Any, units: UnitGather, unit: int, *local: Tensor) -> tuple[Tensor, ...]:
-        ctx.units, ctx.unit = units, unit
+    def forward(units: UnitGather, unit: int, *local: Tensor) -> tuple[Tensor, ...]:
         return tuple(units.gather(unit))
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.units, ctx.unit = inputs[0], inputs[1]
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[Any, ...]:
@@ -241,8 +248,10 @@ class UnitGather:
     ) -> None:
         self._gather, self._scatter, self.local, self.keys = gather, scatter, local, keys
         self.pinned_unit = pinned_unit
-        #: the full values of the pinned unit, by leaf (once gathered)
+        #: the full values of the pinned unit, by leaf (once gathered), and whether they
+        #: were gathered with grad on
         self.pinned: dict[int, Tensor] = {}
+        self.pinned_grad = False
         self.unit_of = unit_of
         members: dict[int, list[int]] = {}
         for i, u in enumerate(unit_of):
@@ -253,6 +262,7 @@ class UnitGather:
         #: the unit gathered for the forward now, and its full values by leaf
         self.unit: int | None = None
         self.values: dict[int, Tensor] = {}
+        self.values_grad = False
         #: storage of each gathered leaf of the current forward unit -> (unit, leaf, offset)
         self.storages: dict[int, tuple[int, int, int]] = {}
         #: the unit gathered again for the backward, and its full values by leaf
@@ -265,18 +275,21 @@ class UnitGather:
     def full(self, leaf: int) -> Tensor:
         """The full value of ``leaf`` for the forward (its unit gathered if it is not)."""
         unit = self.unit_of[leaf]
+        # values gathered while grad was off (a part of the forward under no_grad) carry no
+        # gradient: gathered again when a use needs one
+        grad = torch.is_grad_enabled()
         if unit == self.pinned_unit:  # gathered once, kept for the whole step
-            if leaf not in self.pinned:
+            if leaf not in self.pinned or (grad and not self.pinned_grad):
                 ix = self.members[unit]
                 got = _GatherUnit.apply(self, unit, *[self.local[i] for i in ix])
-                self.pinned = dict(zip(ix, got))
+                self.pinned, self.pinned_grad = dict(zip(ix, got)), grad
                 self.gathers[0] += 1
             return self.pinned[leaf]
-        if unit != self.unit:
+        if unit != self.unit or (grad and not self.values_grad):
             self.release_forward()
             ix = self.members[unit]
             got = _GatherUnit.apply(self, unit, *[self.local[i] for i in ix])
-            self.unit, self.values = unit, dict(zip(ix, got))
+            self.unit, self.values, self.values_grad = unit, dict(zip(ix, got)), grad
             for i, t in self.values.items():
                 self.storages.setdefault(_storage(t), (unit, i, int(t.storage_offset())))
             self.gathers[0] += 1
