@@ -159,7 +159,7 @@ def test_gradients_through_the_hooks_match_plain_autograd() -> None:
         lambda t: (saved.append(type(g.pack(t)).__name__), g.pack(t))[1], g.unpack
     ):
         loss = f(*given)
-    g.release_forward()
+    g.end_forward()
     got = torch.autograd.grad(loss, g.local)
     assert "_Saved" in saved
     assert g.gathers == [3, 2]  # forward: rest, unit 1, unit 2; backward: units 2 and 1

@@ -309,23 +309,26 @@ def _local_grads_by_unit(
     leaves_ = [t.detach().requires_grad_() for t in local]
     paths = [p for p, _ in leaves_with_paths(params)]
 
+    def buckets(ix: list[int]) -> list[list[int]]:
+        # the leaves of one unit in buckets of one dtype and at most ``cap`` bytes
+        dtypes, nbytes = [layout.dtypes[i] for i in ix], [layout.nbytes[i] for i in ix]
+        return [
+            [ix[k] for k in g] for g in _groups([True] * len(ix), dtypes, True, nbytes, layout.cap)
+        ]
+
     def gather(ix: list[int]) -> list[Tensor]:
         got: dict[int, Tensor] = {}
-        sub = [layout.dtypes[i] for i in ix], [layout.nbytes[i] for i in ix]
-        for group_ in _groups([True] * len(ix), sub[0], True, sub[1], layout.cap):
-            pos = [ix[k] for k in group_]
-            full = _gather(fc, [local[i] for i in pos], [layout.rows[i] for i in pos], n, group)
-            got.update(zip(pos, full))  # plain tensors (waited): the saved-tensor hook
-            # recognises the memory of plain tensors only
+        for pos in buckets(ix):
+            rows = [layout.rows[i] for i in pos]
+            # plain tensors (waited): the saved-tensor hook recognises their memory
+            got.update(zip(pos, _gather(fc, [local[i] for i in pos], rows, n, group)))
         return [got[i] for i in ix]
 
     def scatter(ix: list[int], grads: list[Tensor]) -> list[Tensor]:
         got: dict[int, Tensor] = {}
         by_leaf = dict(zip(ix, grads))
-        grads.clear()
-        sub = [layout.dtypes[i] for i in ix], [layout.nbytes[i] for i in ix]
-        for group_ in _groups([True] * len(ix), sub[0], True, sub[1], layout.cap):
-            pos = [ix[k] for k in group_]
+        grads.clear()  # the full gradients go as each bucket is packed
+        for pos in buckets(ix):
             part = [by_leaf.pop(i) for i in pos]
             rows = [local[i].shape[0] for i in pos]
             got.update(zip(pos, _scatter(fc, part, rows, n, group)))
@@ -343,8 +346,7 @@ def _local_grads_by_unit(
         torch.autograd.graph.saved_tensors_hooks(gatherer.pack, gatherer.unpack),
     ):
         loss = loss_fn(map_leaves(params, given), batch)
-    gatherer.release_forward()
-    gatherer.pinned = {}
+    gatherer.end_forward()
     del given
     if loss.requires_grad:
         got = torch.autograd.grad(loss, leaves_, allow_unused=True, materialize_grads=True)

@@ -296,9 +296,14 @@ class UnitGather:
         return self.values[leaf]
 
     def release_forward(self) -> None:
-        """Let go of the unit gathered for the forward (and, at the end of the forward, of
-        the pinned one: autograd holds what the backward needs of it)."""
+        """Let go of the unit gathered for the forward."""
         self.unit, self.values, self.storages = None, {}, {}
+
+    def end_forward(self) -> None:
+        """The forward is over: let go of the unit gathered for it and of the pinned one
+        (autograd holds what the backward needs of them)."""
+        self.release_forward()
+        self.pinned = {}
 
     def gather(self, unit: int) -> list[Tensor]:
         """The full values of ``unit``'s leaves (no autograd)."""
