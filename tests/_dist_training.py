@@ -317,6 +317,8 @@ def run_layout_errors(rank: int, world: int) -> dict[str, Any]:
     step = tdd.sharded_step(loss_fn_of(m), opt)
     batch = global_batches(1)[0]
     on_2d = tdd.distribute(tdfunc.from_module(m), mesh2, [Shard(0), Replicate()])
+    mesh3 = init_device_mesh("cpu", (world, 1, 1))
+    on_3d = tdd.distribute(tdfunc.from_module(m), mesh3, [Replicate(), Replicate(), Shard(0)])
     # two 1-D meshes over the same ranks (different dim names): the head on the second
     mesh_a = init_device_mesh("cpu", (world,), mesh_dim_names=("a",))
     mesh_b = init_device_mesh("cpu", (world,), mesh_dim_names=("b",))
@@ -326,6 +328,7 @@ def run_layout_errors(rank: int, world: int) -> dict[str, Any]:
     return {
         "empty": _caught(lambda: step(tdfunc.TensorDict(), tdfunc.TensorDict(), batch)),
         "mesh_2d": _caught(lambda: step(on_2d, opt.init(on_2d), batch)),
+        "mesh_3d": _caught(lambda: step(on_3d, opt.init(on_3d), batch)),
         "mixed_mesh": _caught(lambda: step(mixed, opt.init(mixed), batch)),
     }
 
@@ -492,3 +495,35 @@ def run_fused_dtensor_step(rank: int, world: int) -> dict[str, Any]:
         "in_place": [v.to_local().data_ptr() for v in donated.values(True, True)] == memory,
         "input_unchanged": torch.equal(params["w"].to_local(), base["w"].chunk(world)[rank]),
     }
+
+
+def _hsdp_placements(path: Any, leaf: torch.Tensor) -> list[Any]:
+    # HSDP on a (replicate, shard) mesh: matrices sharded by rows within a replica group
+    return [Replicate(), Shard(0)] if leaf.dim() == 2 else [Replicate(), Replicate()]
+
+
+def run_hsdp(rank: int, world: int, ckpt: str) -> dict[str, Any]:
+    """A 2 x 2 (replicate, shard) mesh: eager, gathered by unit, compiled; a checkpoint."""
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    m = model()
+    opt = optimizer()
+    params0 = tdd.distribute(tdfunc.from_module(m), mesh, _hsdp_placements)
+    state0 = opt.init(params0)
+    batches = global_batches()
+    res: dict[str, Any] = {}
+    step = tdd.sharded_step(loss_fn_of(m), opt)
+    params, state, losses = train(rank, world, step, params0, state0, batches[:SPLIT])
+    tdd.save_checkpoint(ckpt, tdfunc.TensorDict(params=params, state=state), overwrite=True)
+    params, state, more = train(rank, world, step, params, state, batches[SPLIT:])
+    res["eager_losses"] = losses + more
+    res["eager_params"] = _full(params)
+    res["placements"] = sorted({repr(v.placements) for v in params.values(True, True)})
+    ustep = tdd.sharded_step(loss_fn_of(m), opt, units=UNITS["tiny"], donate=True)
+    p, _, units_losses = train(rank, world, ustep, params0.clone(), state0.clone(), batches)
+    res["units_losses"] = units_losses
+    res["units_params"] = _full(p)
+    cnt = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    cstep = tdd.sharded_step(loss_fn_of(m), opt, compile=True, backend=cnt)
+    _, _, res["compiled_losses"] = train(rank, world, cstep, params0, state0, batches[:10])
+    res["frames"] = cnt.frame_count
+    return res

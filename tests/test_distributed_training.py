@@ -179,6 +179,35 @@ def test_four_ranks_match_and_resume_on_two(tmp_path: Path, ref: Any) -> None:
         _close(r["params"], params)
 
 
+def test_hsdp_on_a_two_by_two_mesh_matches_one_process(tmp_path: Path, ref: Any) -> None:
+    """Sharded within pairs of ranks, replicated across the pairs (HSDP): the gradients are
+    reduce-scattered over the shard dim and averaged over the replicate dim."""
+    losses, params = ref
+    ckpt = str(tmp_path / "ckpt")
+    res = launch(W.run_hsdp, 4, args=(ckpt,), timeout=400, pg_timeout=90)
+    for r in res:
+        torch.testing.assert_close(torch.tensor(r["eager_losses"]), torch.tensor(losses), **TOL)
+        _close(r["eager_params"], params)
+        assert r["placements"] == [
+            "(Replicate(), Replicate())",
+            "(Replicate(), Shard(dim=0))",
+        ]
+        # gathered by unit, donated: the same values as the whole-model step
+        assert r["units_losses"] == r["eager_losses"]
+        assert r["units_params"] == r["eager_params"]
+        torch.testing.assert_close(
+            torch.tensor(r["compiled_losses"]), torch.tensor(losses[:10]), **TOL
+        )
+        assert r["frames"] == 1
+    # the HSDP checkpoint resumes on 2 ranks of a 1-D mesh, on the same trajectory
+    resumed = launch(W.run_resume, 2, args=(ckpt,), timeout=200, pg_timeout=60)
+    for r in resumed:
+        torch.testing.assert_close(
+            torch.tensor(r["losses"]), torch.tensor(losses[W.SPLIT :]), **TOL
+        )
+        _close(r["params"], params)
+
+
 def test_gpt2_on_two_ranks_matches_one_process(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     losses, params = W.reference(kind="gpt2")
@@ -266,7 +295,10 @@ def test_parameters_the_step_refuses() -> None:
     (res,) = launch(W.run_layout_errors, 1, timeout=200, pg_timeout=60)
     assert res["empty"].startswith("ValueError: sharded_step: the parameter container has no")
     assert res["mesh_2d"].startswith("ValueError: sharded_step: key ('embed', 'weight')")
-    assert "1-D mesh" in res["mesh_2d"]
+    assert "(Replicate(), Shard(0))" in res["mesh_2d"]  # a 2-D mesh: HSDP's placements
+    assert res["mesh_3d"].startswith("ValueError: sharded_step: key ('embed', 'weight')")
+    assert "1-D mesh" in res["mesh_3d"]
+    assert "2-D (replicate, shard) mesh" in res["mesh_3d"]
     assert res["mixed_mesh"].startswith("ValueError: sharded_step: key ('head', 'weight') lives on")
     assert "dim_names=('b',)" in res["mixed_mesh"]
     assert (

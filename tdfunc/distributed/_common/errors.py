@@ -318,7 +318,7 @@ BAD_TIMEOUT_SCALE = "{name}={value!r}: expected a number >= 1 (how many times lo
 STEP_NO_PARAMS = "{op}: the parameter container has no leaves"
 STEP_MESH_NDIM = (
     "{op}: key {key} lives on {mesh}; the sharded step needs a 1-D mesh (FSDP's Shard(0) or "
-    "DDP's Replicate() along it)"
+    "DDP's Replicate() along it) or a 2-D (replicate, shard) mesh (HSDP)"
 )
 STEP_DONATED = (
     "{what} was donated to sharded_step (call {call}): its buffers now hold that call's "
@@ -329,8 +329,9 @@ STEP_MIXED_MESH = (
     "parameter must share one 1-D mesh"
 )
 STEP_PLACEMENT = (
-    "{op}: key {key} has placement {placement!r}; the sharded step takes Shard(0) (rows split "
-    "across the ranks) or Replicate() parameters: redistribute it first"
+    "{op}: key {key} has placements {placement!r}; the sharded step takes Shard(0) (rows split "
+    "across the ranks) or Replicate() parameters, on a 2-D mesh (Replicate(), Shard(0)) or "
+    "(Replicate(), Replicate()): redistribute it first"
 )
 STEP_NOT_CALLABLE = "{op}: loss_fn must be callable (params, batch) -> scalar, got {typ}"
 STEP_OPTIMIZER = (

@@ -2,7 +2,10 @@
 
 :func:`sharded_step` builds ``step(params, state, batch) -> (params, state, loss)``. The
 parameters are a container of DTensors on a 1-D mesh, each ``Shard(0)`` (FSDP's layout;
-uneven sizes allowed) or ``Replicate()`` (DDP's layout); the optimizer state is what
+uneven sizes allowed) or ``Replicate()`` (DDP's layout), or on a 2-D (replicate, shard) mesh
+(HSDP), each ``(Replicate(), Shard(0))`` or ``(Replicate(), Replicate())``: gathered and
+reduce-scattered along the shard dim, the gradients then averaged along the replicate dim
+(one all-reduce per bucket); the optimizer state is what
 ``optimizer.init(params)`` returns; ``batch`` is this rank's part of the global batch. On
 every rank of the mesh, one call:
 
@@ -89,11 +92,16 @@ OP = "sharded_step"
 #: the identity of placements it reads, and these never change)
 _SHARDED = (Shard(0),)
 _REPLICATED = (Replicate(),)
+#: the same on a 2-D (replicate, shard) mesh (HSDP)
+_HSDP_SHARDED = (Replicate(), Shard(0))
+_HSDP_REPLICATED = (Replicate(), Replicate())
 
 
 class _Layout:
     """What the traced step needs to know about the parameters: their mesh, and per leaf
-    whether it is sharded (with its global row count) or replicated."""
+    whether it is sharded (with its global row count) or replicated. On a 2-D mesh (HSDP:
+    dims (replicate, shard)) ``group`` / ``n`` are the shard dim's, ``replicas`` /
+    ``n_replicas`` the replicate dim's (None / 1 on a 1-D mesh)."""
 
     __slots__ = (
         "cap",
@@ -103,7 +111,10 @@ class _Layout:
         "group",
         "mesh",
         "n",
+        "n_replicas",
         "nbytes",
+        "placements",
+        "replicas",
         "replicated_groups",
         "rows",
         "sharded",
@@ -120,8 +131,13 @@ class _Layout:
         cap: int,
     ) -> None:
         self.mesh = mesh
-        self.n = mesh.size()
-        self.group = mesh.get_group(0)
+        last = mesh.ndim - 1
+        self.n = mesh.size(last)
+        self.group = mesh.get_group(last)
+        self.replicas = mesh.get_group(0) if last else None
+        self.n_replicas = mesh.size(0) if last else 1
+        #: the placements of a sharded / replicated gradient
+        self.placements = (_HSDP_SHARDED, _HSDP_REPLICATED) if last else (_SHARDED, _REPLICATED)
         self.sharded = tuple(sharded)
         self.rows = tuple(rows)
         self.dtypes, self.nbytes, self.cap = tuple(dtypes), tuple(nbytes), cap
@@ -152,7 +168,7 @@ def _layout(params: Any, cap: int) -> tuple[_Layout, list[tuple[KeyPath, Tensor]
             raise TypeError(E.NOT_DTENSOR.format(key=fmt_key(path), op=OP, typ=type(p).__name__))
         if mesh is None:
             mesh = p.device_mesh
-            if mesh.ndim != 1:
+            if mesh.ndim not in (1, 2):
                 raise ValueError(
                     E.STEP_MESH_NDIM.format(op=OP, key=fmt_key(path), mesh=describe_mesh(mesh))
                 )
@@ -165,7 +181,11 @@ def _layout(params: Any, cap: int) -> tuple[_Layout, list[tuple[KeyPath, Tensor]
                     first=describe_mesh(mesh),
                 )
             )
-        (pl,) = p.placements
+        *outer, pl = p.placements  # on a 2-D mesh: (replicate dim, shard dim)
+        if any(not isinstance(o, Replicate) for o in outer):
+            raise ValueError(
+                E.STEP_PLACEMENT.format(op=OP, key=fmt_key(path), placement=p.placements)
+            )
         if isinstance(pl, Shard) and pl.dim == 0:
             sharded.append(True)
             rows.append(int(p.shape[0]))
@@ -173,7 +193,9 @@ def _layout(params: Any, cap: int) -> tuple[_Layout, list[tuple[KeyPath, Tensor]
             sharded.append(False)
             rows.append(0)
         else:
-            raise ValueError(E.STEP_PLACEMENT.format(op=OP, key=fmt_key(path), placement=pl))
+            raise ValueError(
+                E.STEP_PLACEMENT.format(op=OP, key=fmt_key(path), placement=p.placements)
+            )
     assert mesh is not None
     dtypes = [p.dtype for _, p in pairs]
     nbytes = [p.numel() * p.element_size() for _, p in pairs]
@@ -262,6 +284,18 @@ def _average(fc: Any, ts: list[Tensor], n: int, group: Any) -> list[Tensor]:
     return out
 
 
+def _across_replicas(layout: _Layout, reduced: list[Any]) -> list[Any]:
+    """On a 2-D mesh, the means over the replicate dim of the gradients already reduced over
+    the shard dim (one all-reduce per bucket); unchanged on a 1-D mesh."""
+    if layout.replicas is None:
+        return reduced
+    for ix in (*layout.sharded_groups, *layout.replicated_groups):
+        got = _average(layout.fc, [reduced[i] for i in ix], layout.n_replicas, layout.replicas)
+        for i, g in zip(ix, got):
+            reduced[i] = g
+    return reduced
+
+
 def _local_grads(
     loss_fn: Callable[[Any, Any], Tensor],
     layout: _Layout,
@@ -292,7 +326,7 @@ def _local_grads(
     for ix in layout.replicated_groups:
         for i, g in zip(ix, _average(fc, [reduced[i] for i in ix], n, group)):
             reduced[i] = g
-    return reduced, loss
+    return _across_replicas(layout, reduced), loss
 
 
 def _local_grads_by_unit(
@@ -359,7 +393,7 @@ def _local_grads_by_unit(
     for ix in layout.replicated_groups:
         for i, g in zip(ix, _average(fc, [reduced[i] for i in ix], n, group)):
             reduced[i] = g
-    return reduced, loss.detach()
+    return _across_replicas(layout, reduced), loss.detach()
 
 
 def _grads(
@@ -382,7 +416,7 @@ def _grads(
         DTensor.from_local(
             g,
             layout.mesh,
-            _SHARDED if s else _REPLICATED,
+            layout.placements[0] if s else layout.placements[1],
             run_check=False,
             shape=p.shape,
             stride=p.stride(),
@@ -390,6 +424,8 @@ def _grads(
         for g, p, s in zip(reduced, dparams, layout.sharded)
     ]
     (mean_loss,) = _average(layout.fc, [loss.detach()], layout.n, layout.group)
+    if layout.replicas is not None:
+        (mean_loss,) = _average(layout.fc, [mean_loss], layout.n_replicas, layout.replicas)
     return map_leaves(params, grads), mean_loss
 
 
@@ -637,7 +673,8 @@ def sharded_step(
     ``step = sharded_step(loss_fn, optimizer)``; then, on every rank of the mesh,
     ``params, state, loss = step(params, state, batch)``. ``params`` is a container of DTensors
     on one 1-D mesh, each ``Shard(0)`` (FSDP's layout: each rank holds a block of rows, uneven
-    sizes allowed) or ``Replicate()`` (DDP's layout), e.g. from
+    sizes allowed) or ``Replicate()`` (DDP's layout), or on one 2-D (replicate, shard) mesh
+    with ``(Replicate(), Shard(0))`` or ``(Replicate(), Replicate())`` (HSDP), e.g. from
     ``tdfunc.distributed.distribute(tdfunc.from_module(model), mesh, [Shard(0)])``; ``state`` is
     ``optimizer.init(params)``; ``batch`` (any pytree) is this rank's part of the global batch.
 
@@ -689,7 +726,7 @@ def sharded_step(
             a call; the other ranks raise ``ValueError`` naming this rank).
         ValueError: ``bucket_mb`` is not positive and finite, a unit given twice, or
             ``units`` with ``compile=True`` (here); at a call, parameters
-            on a mesh that is not 1-D or on different meshes,
+            on a mesh that is neither 1-D nor 2-D or on different meshes,
             a placement other than ``Shard(0)`` / ``Replicate()`` (each naming the key), or
             ranks that pass different structures or units (raised on every rank before data
             moves);
