@@ -7,7 +7,8 @@ AdamW on a global batch of 8 sequences of 16 tokens split over 2 gloo ranks (one
   [Shard(0)])`` (every parameter sharded by rows, as FSDP2 does) and ``optim.adamw``; the
   whole model gathered once per step. ``tdfunc_units``: the same step with
   ``units=["transformer.h.0", ...]`` (eager: each block gathered when the forward reaches it,
-  let go after it, gathered again for the backward; FSDP2's schedule); ``_donated``: with
+  let go after it, gathered again for the backward; FSDP2's schedule; compiled: the loss of
+  the shards compiled, the gathers recomputed in the backward graph); ``_donated``: with
   ``donate=True`` (eagerly, torch's fused AdamW writes the shards in place, as FSDP2's
   optimizer does).
 * ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on each transformer block and on the
@@ -19,8 +20,7 @@ FSDP2 with ``torch.compile`` on the model, its collectives run by its hooks):
 * step time, paired rounds inside the ranks (each round: both ranks meet at a barrier, time
   ``calls`` steps of A then of B, order alternating; the round's time on each side is the
   slower rank's), the median of per-round ratios tdfunc / FSDP2, and an A/A control (tdfunc
-  against a second tdfunc step) in the same run; eagerly also ``tdfunc_units_donated`` /
-  FSDP2;
+  against a second tdfunc step) in the same run; also ``tdfunc_units_donated`` / FSDP2;
 * memory, on a larger model (4 layers, 256 wide: 3.2M parameters, 12.6 MiB), one fresh
   2-rank launch per contender, the larger of the two ranks, warm processes:
   ``heap_peak_mib``: the high-water mark of the bytes the C heap holds during one step above
@@ -93,7 +93,7 @@ def _tdfunc_step(
     rank: int, compiled: bool, size: str = "time", donate: bool = False, units: bool = False
 ) -> Any:
     """A closure running one tdfunc sharded step on this rank (state kept inside); ``units``:
-    gathering block by block (``units=["transformer.h.0", ...]``, eager only)."""
+    gathering block by block (``units=["transformer.h.0", ...]``)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
 
@@ -172,16 +172,15 @@ def _rounds(a: Any, b: Any, rounds: int, calls: int) -> list[float]:
 
 
 def time_ranks(rank: int, world: int, rounds: int, calls: int, compiled: bool) -> dict[str, Any]:
-    """Paired rounds tdfunc / FSDP2 and the A/A control tdfunc / tdfunc; eagerly also tdfunc
-    gathering block by block with donated shards (FSDP2's schedule, updating in place as
-    FSDP2 does) / FSDP2."""
+    """Paired rounds tdfunc / FSDP2 and the A/A control tdfunc / tdfunc; also tdfunc gathering
+    block by block with donated shards (FSDP2's schedule, updating in place as FSDP2 does) /
+    FSDP2."""
     torch.set_num_threads(1)
     a, a2 = _tdfunc_step(rank, compiled), _tdfunc_step(rank, compiled)
     b = _fsdp2_step(rank, compiled)
     out = {"ratios": _rounds(a, b, rounds, calls), "aa": _rounds(a, a2, rounds, calls)}
-    if not compiled:
-        u = _tdfunc_step(rank, compiled, donate=True, units=True)
-        out["units_ratios"] = _rounds(u, b, rounds, calls)
+    u = _tdfunc_step(rank, compiled, donate=True, units=True)
+    out["units_ratios"] = _rounds(u, b, rounds, calls)
     return out
 
 
@@ -261,9 +260,7 @@ def test_sharded_train_step_vs_fsdp2(benchmark: Any, bench_quick: bool, mode: st
     # the memory of the step of this mode (eager, or compiled: tdfunc's one graph, FSDP2's
     # compiled model); bytes sent are counted eagerly only (a dispatch mode)
     suffix = "_compiled" if mode == "compiled" else ""
-    names = ["tdfunc", "tdfunc_donated", "fsdp2"]
-    if not suffix:  # gathering unit by unit is eager only
-        names[2:2] = ["tdfunc_units", "tdfunc_units_donated"]
+    names = ["tdfunc", "tdfunc_donated", "tdfunc_units", "tdfunc_units_donated", "fsdp2"]
     mem = {
         c: launch(memory_ranks, WORLD, args=(c + suffix,), timeout=900, pg_timeout=600)
         for c in names

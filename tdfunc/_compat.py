@@ -46,7 +46,10 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | DTensorSpec, TensorMeta (lazy) | torch.distributed.tensor._dtensor_spec.(same names)    | ok   | ok   | ok   | none yet           |
 | StridedShard (lazy)            | torch.distributed.tensor.placement_types._StridedShard | ok   | ok   | ok   | none yet           |
 | functional_collectives (lazy)  | torch.distributed._functional_collectives (module:     | ok   | ok   | ok   | none yet           |
-|                                | all_gather_single, reduce_scatter_single, all_reduce)  |      |      |      |                    |
+|                                | all_gather_single, reduce_scatter_single, all_reduce,  |      |      |      |                    |
+|                                | all_gather_single_autograd)                            |      |      |      |                    |
+| recompute_collectives (lazy)   | torch._functorch.config.patch(unsafe_allow_optimiza-   | ok   | ok   | ok   | none yet           |
+|                                | tion_of_collectives, activation_memory_budget)         |      |      |      |                    |
 
 (1) torch >= 2.14 raises ``RuntimeError`` for Python tensor subclasses (``FakeTensor``); the
     shim answers ``False`` for any tensor with Python dispatch, as torch's own guards do.
@@ -402,6 +405,20 @@ def functional_collectives() -> Any:
         missing("traceable collectives (torch.distributed._functional_collectives)", _MIN)
 
 
+def recompute_collectives() -> Any:
+    """A context manager under which AOTAutograd's partitioner may recompute collectives
+    in the backward instead of saving their outputs (``torch._functorch.config.patch(
+    unsafe_allow_optimization_of_collectives=True, activation_memory_budget=0.5)``: the
+    budget makes it weigh recomputation against memory). Read when a graph is compiled."""
+    try:
+        config = _module("torch._functorch.config")
+        return config.patch(
+            unsafe_allow_optimization_of_collectives=True, activation_memory_budget=0.5
+        )
+    except (ImportError, AttributeError, RuntimeError):
+        missing("recomputing collectives (torch._functorch.config)", _MIN)
+
+
 # --------------------------------------------------------------------------------------
 # DTensor internals (lazy: importing torch.distributed.tensor takes about a second)
 # --------------------------------------------------------------------------------------
@@ -480,6 +497,7 @@ __all__ = [
     "maybe_get_level",
     "missing",
     "pytree",
+    "recompute_collectives",
     "register_default_collate",
     "register_ordered_effect",
     "reparametrize_module",

@@ -176,6 +176,13 @@ def run_train(
     res["units_params"] = _full(p_units)
     res["units_gathers"] = ustep.gathers
     if world == 2:
+        # compiled: the loss of the shards compiled (forward and backward graphs, the
+        # all-gathers differentiable), the update eager
+        ccnt = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+        custep = tdd.sharded_step(loss_fn_of(m), opt, units=UNITS[kind], compile=True, backend=ccnt)
+        p_cu, _, res["units_compiled_losses"] = train(rank, world, custep, params0, state0, batches)
+        res["units_compiled_params"] = _full(p_cu)
+        res["units_compiled_frames"] = ccnt.frame_count
         # and donated: the fused kernel writes the given shards
         dstep = tdd.sharded_step(loss_fn_of(m), opt, units=UNITS[kind], donate=True)
         p, s = params0.clone(), state0.clone()

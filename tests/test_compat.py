@@ -572,3 +572,16 @@ def test_make_subclass():
     assert s.tolist() == [0.0, 1.0, 2.0]
     assert s.data_ptr() == base.data_ptr()  # the same memory, viewed as the subclass
     assert not s.requires_grad
+
+
+def test_recompute_collectives_patches_the_partitioner_config_while_active():
+    import torch._functorch.config as config
+
+    before = config.unsafe_allow_optimization_of_collectives, config.activation_memory_budget
+    with C.recompute_collectives():
+        assert config.unsafe_allow_optimization_of_collectives is True
+        assert config.activation_memory_budget == 0.5
+    assert (
+        config.unsafe_allow_optimization_of_collectives,
+        config.activation_memory_budget,
+    ) == before

@@ -73,7 +73,7 @@ def test_small_buckets_give_the_same_values(two: Any) -> None:
 
 def test_units_step_matches_the_whole_model_step(two: Any, ref: Any) -> None:
     res, _ = two
-    losses, _params = ref
+    losses, params = ref
     for r in res:
         # each element's gradient is reduced over the same two ranks: bit for bit
         assert r["units_losses"] == r["eager_losses"]
@@ -85,6 +85,12 @@ def test_units_step_matches_the_whole_model_step(two: Any, ref: Any) -> None:
         d = r["units_donated"]
         assert d["losses"] == r["units_losses"][: W.DONATED_STEPS]
         assert d["in_place"] is True
+        # compiled with units: one frame for the 50 steps (no recompile), the same values
+        assert r["units_compiled_frames"] == 1
+        torch.testing.assert_close(
+            torch.tensor(r["units_compiled_losses"]), torch.tensor(losses), **TOL
+        )
+        _close(r["units_compiled_params"], params)
 
 
 def test_units_step_lets_each_unit_go_after_its_forward() -> None:
@@ -280,8 +286,8 @@ def test_constructor_checks() -> None:
             sharded_step(lambda p, b: p, optim.sgd(0.1), units=bad_units)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"unit 'h.0' is given twice"):
         sharded_step(lambda p, b: p, optim.sgd(0.1), units=["h.0", "h.1", "h.0"])
-    with pytest.raises(ValueError, match=r"units \(gathering unit by unit\) runs eagerly"):
-        sharded_step(lambda p, b: p, optim.sgd(0.1), units=["h.0"], compile=True)
+    by_unit_compiled = sharded_step(lambda p, b: p, optim.sgd(0.1), units=["h.0"], compile=True)
+    assert by_unit_compiled.compiled is True
     step = sharded_step(lambda p, b: p, optim.sgd(0.1), compile=False)
     assert step.units is None
     assert step.gathers is None

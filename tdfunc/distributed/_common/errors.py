@@ -343,10 +343,6 @@ STEP_UNITS_TYPE = (
     "{op}: units must be a list or tuple of key prefixes (e.g. ['h.0', 'h.1']), got {value!r}"
 )
 STEP_UNITS_DUPLICATE = "{op}: unit {unit!r} is given twice in units"
-STEP_UNITS_COMPILED = (
-    "{op}: units (gathering unit by unit) runs eagerly; a compiled step is one graph in which "
-    "inductor frees each full value after its last use: leave units out with compile=True"
-)
 STEP_UNIT_MISSING = (
     "{op}: no sharded parameter's key starts with unit {unit!r}; units are key prefixes of "
     "the parameters, e.g. 'transformer.h.0'"

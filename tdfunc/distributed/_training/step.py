@@ -45,6 +45,16 @@ gathered twice per step, as FSDP2 does. This path differentiates with plain auto
 :class:`~tdfunc.distributed._training.units.Placeholder` tensors for the sharded parameters,
 which gather on first use and refuse in-place writes.
 
+With ``units`` and ``compile=True``: the loss as a function of the local shards is compiled
+(:func:`_loss_of_shards`: each unit gathered by differentiable all-gathers, one per bucket,
+whose backward reduce-scatters), and ``torch.autograd.grad`` runs its compiled backward.
+AOTAutograd partitions forward and backward; under the memory budget set for it
+(``recompute_collectives`` in ``_compat``: it may recompute collectives) it gathers the
+units again in the backward rather than keeping their full values, and inductor frees each
+full value after its last use. The update runs eagerly around it (the fused kernel). So
+this mode is two graphs per step (forward, backward) and an eager update, as FSDP2's
+compiled mode is, where ``compile=True`` alone is one graph for the whole step.
+
 The update is :func:`tdfunc.optim.step`: eagerly, torch's fused kernel (``_fused_adamw_``...)
 on the local shards where one fits, on copies (pure) or, with ``donate=True``, in place.
 
@@ -74,7 +84,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ... import optim
-from ..._compat import functional_collectives, pytree
+from ..._compat import functional_collectives, pytree, recompute_collectives
 from ..._donate import check_donated, check_not_consumed, consume, store_outputs
 from ..._keys import KeyPath, fmt_key
 from ..._tree import is_node, leaves, leaves_with_paths, map_leaves
@@ -234,14 +244,19 @@ def _pad_rows(t: Tensor, rows: int) -> Tensor:
     return torch.nn.functional.pad(t, [0, 0] * (t.dim() - 1) + [0, rows - t.shape[0]])
 
 
-def _gather(fc: Any, local: list[Tensor], rows: list[int], n: int, group: Any) -> list[Tensor]:
+def _gather(
+    fc: Any, local: list[Tensor], rows: list[int], n: int, group: Any, autograd: bool = False
+) -> list[Tensor]:
     """The full values of ``Shard(0)`` leaves of one dtype from this rank's rows: one
     all-gather of a flat buffer (each leaf padded to the same row count on every rank)."""
     pers = [-(-r // n) for r in rows]
     flat = torch.cat([_pad_rows(t, per).reshape(-1) for t, per in zip(local, pers)])
     # waited at once: views of the collective's pending result would each pass through its
     # Python wrapper eagerly (traced, the wait is where the graph needs the values anyway)
-    every = fc.wait_tensor(fc.all_gather_single(flat, 0, group)).view(n, -1)  # rank-major
+    if autograd:  # differentiable: its backward is a reduce-scatter (sum) of the gradients
+        every = fc.wait_tensor(fc.all_gather_single_autograd(flat, 0, group)).view(n, -1)
+    else:
+        every = fc.wait_tensor(fc.all_gather_single(flat, 0, group)).view(n, -1)  # rank-major
     out, off = [], 0
     for t, per, r in zip(local, pers, rows):
         size = per * math.prod(t.shape[1:])
@@ -396,12 +411,68 @@ def _local_grads_by_unit(
     return _across_replicas(layout, reduced), loss.detach()
 
 
+def _loss_of_shards(
+    loss_fn: Callable[[Any, Any], Tensor],
+    layout: _Layout,
+    unit_of: tuple[int, ...],
+    local: Any,
+    batch: Any,
+) -> Tensor:
+    """The loss as a function of the local shards (``local``: the parameters' structure with
+    the local shards, requiring grad): each unit gathered by differentiable all-gathers (one
+    per bucket of the unit), whose backward reduce-scatters. What ``compile=True`` with
+    ``units`` compiles: AOTAutograd partitions it into a forward and a backward graph, and
+    may gather a unit again in the backward instead of keeping its full values."""
+    n, group, fc = layout.n, layout.group, layout.fc
+    shards = leaves(local)
+    full = list(shards)
+    for u in sorted(set(unit_of) - {-1}):
+        ix = [i for i, v in enumerate(unit_of) if v == u]
+        dtypes, nbytes = [layout.dtypes[i] for i in ix], [layout.nbytes[i] for i in ix]
+        for g in _groups([True] * len(ix), dtypes, True, nbytes, layout.cap):
+            pos = [ix[k] for k in g]
+            rows = [layout.rows[i] for i in pos]
+            got = _gather(fc, [shards[i] for i in pos], rows, n, group, autograd=True)
+            for i, t in zip(pos, got):
+                full[i] = t
+    return loss_fn(map_leaves(local, full), batch)
+
+
+def _local_grads_compiled_units(
+    loss_fn: Callable[[Any, Any], Tensor],
+    layout: _Layout,
+    params: Any,
+    local: list[Tensor],
+    batch: Any,
+    unit_of: tuple[int, ...],
+    compiled_loss: Callable[..., Tensor],
+) -> tuple[list[Tensor], Tensor]:
+    """:func:`_local_grads` through ``compiled_loss`` (:func:`_loss_of_shards` compiled) and
+    ``torch.autograd.grad``: the sharded leaves' gradients come reduce-scattered (sums) from
+    the compiled backward."""
+    n, group, fc = layout.n, layout.group, layout.fc
+    leaves_ = [t.detach().requires_grad_() for t in local]
+    with torch.enable_grad(), recompute_collectives():
+        loss = compiled_loss(loss_fn, layout, unit_of, map_leaves(params, leaves_), batch)
+    if loss.requires_grad:
+        got = torch.autograd.grad(loss, leaves_, allow_unused=True, materialize_grads=True)
+    else:  # the loss does not depend on the parameters
+        got = tuple(torch.zeros_like(t) for t in local)
+    reduced: list[Any] = [g / n if u >= 0 else g for g, u in zip(got, unit_of)]
+    del got
+    for ix in layout.replicated_groups:
+        for i, g in zip(ix, _average(fc, [reduced[i] for i in ix], n, group)):
+            reduced[i] = g
+    return _across_replicas(layout, reduced), loss.detach()
+
+
 def _grads(
     loss_fn: Callable[[Any, Any], Tensor],
     layout: _Layout,
     params: Any,
     batch: Any,
     unit_of: tuple[int, ...] | None,
+    compiled_loss: Callable[..., Tensor] | None = None,
 ) -> tuple[Any, Tensor]:
     """The mean gradient over the ranks (DTensors built from this rank's parts, in the
     parameters' structure: no communication) and the loss averaged over the ranks."""
@@ -409,6 +480,10 @@ def _grads(
     local = [p.to_local() for p in dparams]
     if unit_of is None:
         reduced, loss = _local_grads(loss_fn, layout, params, local, batch)
+    elif compiled_loss is not None:
+        reduced, loss = _local_grads_compiled_units(
+            loss_fn, layout, params, local, batch, unit_of, compiled_loss
+        )
     else:
         reduced, loss = _local_grads_by_unit(loss_fn, layout, params, local, batch, unit_of)
     del local
@@ -437,6 +512,7 @@ def _core(
     state: Any,
     batch: Any,
     unit_of: tuple[int, ...] | None = None,
+    compiled_loss: Callable[..., Tensor] | None = None,
 ) -> tuple[Any, Any, Tensor]:
     """The step itself (what ``torch.compile`` traces): gather, grad, reduce, update.
 
@@ -447,7 +523,7 @@ def _core(
     ``apply_updates``.
     """
     with torch.no_grad():
-        grads, mean_loss = _grads(loss_fn, layout, params, batch, unit_of)
+        grads, mean_loss = _grads(loss_fn, layout, params, batch, unit_of, compiled_loss)
         new_params, new_state = optim.step(optimizer, grads, state, params)
         return new_params, new_state, mean_loss
 
@@ -460,10 +536,13 @@ def _core_donated(
     state: Any,
     batch: Any,
     unit_of: tuple[int, ...] | None = None,
+    compiled_loss: Callable[..., Tensor] | None = None,
 ) -> tuple[Any, Any, Tensor]:
     """:func:`_core` with the new parameters and state written into the given ones (donated;
     compiled: inductor stores the results straight into the local shards)."""
-    new_params, new_state, loss = _core(loss_fn, optimizer, layout, params, state, batch, unit_of)
+    new_params, new_state, loss = _core(
+        loss_fn, optimizer, layout, params, state, batch, unit_of, compiled_loss
+    )
     with torch.no_grad():
         new_params, new_state = store_outputs(
             (new_params, new_state), [*leaves(params), *leaves(state)]
@@ -479,12 +558,13 @@ def _core_in_place(
     state: Any,
     batch: Any,
     unit_of: tuple[int, ...] | None = None,
+    compiled_loss: Callable[..., Tensor] | None = None,
 ) -> tuple[Any, Any, Tensor]:
     """The eager donated step: torch's fused kernel writes the new values into the given
     local shards and state (no new buffers), where one fits; otherwise :func:`_core_donated`'s
     update and copy."""
     with torch.no_grad():
-        grads, mean_loss = _grads(loss_fn, layout, params, batch, unit_of)
+        grads, mean_loss = _grads(loss_fn, layout, params, batch, unit_of, compiled_loss)
         fused = fused_of(optimizer)
         out = fused(grads, state, params, True) if fused is not None else None
         if out is None:
@@ -579,8 +659,6 @@ class ShardedStep(Generic[P, S]):
             for j, u in enumerate(units):
                 if u in units[:j]:
                     raise ValueError(E.STEP_UNITS_DUPLICATE.format(op=OP, unit=u))
-            if compile:
-                raise ValueError(E.STEP_UNITS_COMPILED.format(op=OP))
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)):
             raise TypeError(E.STEP_BUCKET.format(op=OP, value=bucket_mb))
         if not 0 < bucket_mb < math.inf:
@@ -597,6 +675,12 @@ class ShardedStep(Generic[P, S]):
         self.units: tuple[str, ...] | None = None if units is None else tuple(units)
         self.gathers: tuple[int, int] | None = None
         self.calls = 0
+        #: with units and compile=True: the compiled loss of the shards (forward and
+        #: backward graphs); the step around it runs eagerly
+        self._compiled_loss: Callable[..., Tensor] | None = None
+        if compile and units is not None:
+            self._compiled_loss = torch.compile(_loss_of_shards, fullgraph=True, **compile_kwargs)
+            compile = False
         core = (_core_donated if compile else _core_in_place) if donate else _core
         self._core: Callable[..., tuple[Any, Any, Tensor]] = core
         if compile:
@@ -638,7 +722,9 @@ class ShardedStep(Generic[P, S]):
             paths, shapes, dtypes, placements = sig
             agree.check(OP, OP, layout.mesh, paths, shapes, dtypes, placements, ())
             self._agreed.add(sig)
-        out = self._core(self.loss_fn, self.optimizer, layout, params, state, batch, unit_of)
+        out = self._core(
+            self.loss_fn, self.optimizer, layout, params, state, batch, unit_of, self._compiled_loss
+        )
         self.gathers = layout.gathers
         self.calls += 1
         if self.donate:
@@ -702,7 +788,9 @@ def sharded_step(
             :func:`tdfunc.compile`'s ``donate``; the values are those of the undonated step.
         units: key prefixes of the parameters (dotted, e.g. ``["transformer.h.0",
             "transformer.h.1"]``) gathered one unit at a time (FSDP's schedule: see the
-            module); eager only. ``None`` (default): the whole model at once. Every rank
+            module); with ``compile=True``, the loss compiled with the gathers recomputed
+            in the backward (two graphs and an eager update). ``None`` (default): the whole
+            model at once. Every rank
             must pass the same units, and the forward must use them in the same order on
             every rank (each gather is a collective).
         bucket_mb: the most MiB of full values one collective moves: the leaves of one
@@ -724,8 +812,8 @@ def sharded_step(
             parameter in place.
         KeyError: with ``units``, a prefix that no sharded parameter's key starts with (at
             a call; the other ranks raise ``ValueError`` naming this rank).
-        ValueError: ``bucket_mb`` is not positive and finite, a unit given twice, or
-            ``units`` with ``compile=True`` (here); at a call, parameters
+        ValueError: ``bucket_mb`` is not positive and finite, or a unit is given twice
+            (here); at a call, parameters
             on a mesh that is neither 1-D nor 2-D or on different meshes,
             a placement other than ``Shard(0)`` / ``Replicate()`` (each naming the key), or
             ranks that pass different structures or units (raised on every rank before data

@@ -16,8 +16,9 @@ unit of full parameters and gradients, as with FSDP2's ``fully_shard`` per block
 bytes moved are FSDP2's too: each unit is gathered twice (forward and backward).
 
 This runs on plain autograd (``torch.autograd.grad``), not ``torch.func.grad``: functorch
-refuses saved-tensor hooks. It is eager only: ``torch.compile`` traces the whole step as one
-graph, where inductor already frees each full value after its last use.
+refuses saved-tensor hooks. It is the eager schedule; with ``compile=True`` the step compiles
+the loss of the shards instead (``step.py``: ``_loss_of_shards``), and AOTAutograd's
+partitioner recomputes the gathers in the backward.
 
 Rules the forward must keep, as with FSDP:
 
