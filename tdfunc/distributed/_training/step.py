@@ -311,6 +311,24 @@ def _across_replicas(layout: _Layout, reduced: list[Any]) -> list[Any]:
     return reduced
 
 
+def _autograd(loss: Tensor, leaves_: list[Tensor]) -> tuple[Tensor, ...]:
+    """The gradients of ``loss`` with respect to ``leaves_`` (zeros where it does not depend
+    on them, or on none of them)."""
+    if loss.requires_grad:
+        return torch.autograd.grad(loss, leaves_, allow_unused=True, materialize_grads=True)
+    return tuple(torch.zeros_like(t) for t in leaves_)
+
+
+def _finish(layout: _Layout, reduced: list[Any]) -> list[Any]:
+    """The last reductions, once the sharded leaves' gradients are reduce-scattered: the
+    replicated leaves' averaged over the shard dim, then all over the replicate dim."""
+    fc, n, group = layout.fc, layout.n, layout.group
+    for ix in layout.replicated_groups:
+        for i, g in zip(ix, _average(fc, [reduced[i] for i in ix], n, group)):
+            reduced[i] = g
+    return _across_replicas(layout, reduced)
+
+
 def _local_grads(
     loss_fn: Callable[[Any, Any], Tensor],
     layout: _Layout,
@@ -338,10 +356,7 @@ def _local_grads(
         rows = [local[i].shape[0] for i in ix]
         for i, g in zip(ix, _scatter(fc, part, rows, n, group)):
             reduced[i] = g
-    for ix in layout.replicated_groups:
-        for i, g in zip(ix, _average(fc, [reduced[i] for i in ix], n, group)):
-            reduced[i] = g
-    return _across_replicas(layout, reduced), loss
+    return _finish(layout, reduced), loss
 
 
 def _local_grads_by_unit(
@@ -397,18 +412,10 @@ def _local_grads_by_unit(
         loss = loss_fn(map_leaves(params, given), batch)
     gatherer.end_forward()
     del given
-    if loss.requires_grad:
-        got = torch.autograd.grad(loss, leaves_, allow_unused=True, materialize_grads=True)
-    else:  # the loss does not depend on the parameters
-        got = tuple(torch.zeros_like(t) for t in local)
+    reduced: list[Any] = list(_autograd(loss, leaves_))
     gatherer.release_backward(gatherer.back_unit)
     layout.gathers = (gatherer.gathers[0], gatherer.gathers[1])
-    reduced: list[Any] = list(got)
-    del got
-    for ix in layout.replicated_groups:
-        for i, g in zip(ix, _average(fc, [reduced[i] for i in ix], n, group)):
-            reduced[i] = g
-    return _across_replicas(layout, reduced), loss.detach()
+    return _finish(layout, reduced), loss.detach()
 
 
 def _loss_of_shards(
@@ -450,20 +457,13 @@ def _local_grads_compiled_units(
     """:func:`_local_grads` through ``compiled_loss`` (:func:`_loss_of_shards` compiled) and
     ``torch.autograd.grad``: the sharded leaves' gradients come reduce-scattered (sums) from
     the compiled backward."""
-    n, group, fc = layout.n, layout.group, layout.fc
     leaves_ = [t.detach().requires_grad_() for t in local]
     with torch.enable_grad(), recompute_collectives():
         loss = compiled_loss(loss_fn, layout, unit_of, map_leaves(params, leaves_), batch)
-    if loss.requires_grad:
-        got = torch.autograd.grad(loss, leaves_, allow_unused=True, materialize_grads=True)
-    else:  # the loss does not depend on the parameters
-        got = tuple(torch.zeros_like(t) for t in local)
-    reduced: list[Any] = [g / n if u >= 0 else g for g, u in zip(got, unit_of)]
+    got = _autograd(loss, leaves_)  # the sharded leaves': sums over the shard dim
+    reduced: list[Any] = [g / layout.n if u >= 0 else g for g, u in zip(got, unit_of)]
     del got
-    for ix in layout.replicated_groups:
-        for i, g in zip(ix, _average(fc, [reduced[i] for i in ix], n, group)):
-            reduced[i] = g
-    return _across_replicas(layout, reduced), loss.detach()
+    return _finish(layout, reduced), loss.detach()
 
 
 def _grads(
