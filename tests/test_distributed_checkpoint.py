@@ -274,7 +274,8 @@ def test_killed_save_never_damages_the_previous_checkpoint(tmp_path: Path) -> No
 
 
 def test_torchrun(tmp_path: Path) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # a signal (SIGABRT, SIGSEGV) in a rank prints its Python stacks into the message below
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     cmd = [
         sys.executable,
         "-m",

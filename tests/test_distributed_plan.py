@@ -192,7 +192,7 @@ def test_silent_sender_times_out(six: list[dict[str, Any]]) -> None:
 
 def test_torchrun_env_init(tmp_path: Path) -> None:
     """4 ranks started by ``python -m torch.distributed.run --standalone`` (env://)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     cmd = [
         sys.executable,
         "-m",
