@@ -91,7 +91,9 @@ class TensorDict(Container):
         (False, True)
     """
 
-    __slots__ = ("_data",)
+    # weak references let an eager cache recognise a container it returned (the optimizer
+    # step's plan, tdfunc.optim._plan) without keeping it alive
+    __slots__ = ("__weakref__", "_data")
     _data: dict[str, Any]
 
     def __init__(

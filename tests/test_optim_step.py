@@ -322,3 +322,172 @@ def test_inductor_computes_step_scalars_once_per_step(make_opt: Any) -> None:
     assert bodies, "no loop in the generated code"
     for body in bodies:
         assert not re.search(r"std::(pow|exp|log|cos|sin)\b", body), body[:2000]
+
+
+# ------------------------------------------------------------ the plan of a donated loop
+class FullSteps:
+    """Counts the steps that take the full path (every check) instead of the plan."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        from tdfunc.optim import _step
+
+        self.n, real = 0, _step._full_step
+
+        def counted(*args: Any) -> Any:
+            self.n += 1
+            return real(*args)
+
+        monkeypatch.setattr(_step, "_full_step", counted)
+
+
+PLANNED = {
+    "adamw_tensor_lr_mask": lambda: optim.adamw(
+        lr=torch.tensor(0.05), weight_decay=0.3, mask=lambda path, p: p.ndim >= 2
+    ),
+    "adamw_schedule": lambda: optim.adamw(lr=optim.warmup_cosine_decay(0.1, 2, 6)),
+    "sgd_momentum": lambda: optim.sgd(lr=0.1, momentum=0.9, weight_decay=0.01),
+    "sgd_plain": lambda: optim.sgd(lr=0.1),
+    "adagrad": lambda: optim.adagrad(lr=0.1, lr_decay=0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANNED))
+def test_a_donated_loop_is_checked_once_then_follows_its_plan(name: str, monkeypatch: Any) -> None:
+    opt = PLANNED[name]()
+    params, grads = make()
+    pure_p, pure_s = params.clone(), opt.init(params)
+    p, s = params.clone(), opt.init(params)
+    leaf, full = p["layer", "weight"], FullSteps(monkeypatch)
+    for i in range(6):
+        g = grads * (i + 1)  # new grads every step, as from autograd
+        pure_p, pure_s = optim.step(opt, g, pure_s, pure_p)
+        old_p, old_s = p, s
+        p, s = optim.step(opt, g, s, p, donate=True)
+        assert is_consumed(old_p)
+        assert is_consumed(old_s)
+        assert not is_consumed(g)
+        tdfunc.testing.assert_close(p, pure_p, rtol=0, atol=0)
+        tdfunc.testing.assert_close(s, pure_s, rtol=0, atol=0)
+    assert p["layer", "weight"] is leaf  # written in place all along
+    assert full.n == 1 + 6  # the pure steps, and the first donated one
+    with pytest.raises(tdfunc.DonatedError, match=r"was donated to optim\.step"):
+        optim.step(opt, grads, old_s, p, donate=True)
+
+
+def test_a_chain_takes_the_full_path_every_step(monkeypatch: Any) -> None:
+    opt = optim.chain(optim.clip_by_global_norm(0.5), optim.adamw(lr=0.05))
+    params, grads = make()
+    p, s = params.clone(), opt.init(params)
+    full = FullSteps(monkeypatch)
+    for _ in range(3):
+        p, s = optim.step(opt, grads, s, p, donate=True)
+    assert full.n == 3
+    ref_p, _ = reference(opt, params, grads, 3)
+    tdfunc.testing.assert_close(p, ref_p, rtol=1e-6, atol=1e-8)
+
+
+def _planned_loop() -> tuple[Any, Any, Any, Any]:
+    opt = optim.adamw(lr=torch.tensor(0.05), weight_decay=0.1)
+    params, grads = make()
+    p, s = params.clone(), opt.init(params)
+    for _ in range(2):
+        p, s = optim.step(opt, grads, s, p, donate=True)
+    return opt, grads, p, s
+
+
+def test_the_plan_sees_writes_and_follows_them(monkeypatch: Any) -> None:
+    opt, grads, p, s = _planned_loop()
+    twin_p, twin_s = p.clone(), s.clone()
+    full = FullSteps(monkeypatch)
+    p["out"].add_(1.0)  # an in-place write between steps (version counter)
+    twin_p["out"].add_(1.0)
+    s["adamw", "exp_avg", "layer.bias"].zero_()
+    twin_s["adamw", "exp_avg", "layer.bias"].zero_()
+    p, s = optim.step(opt, grads, s, p, donate=True)
+    twin_p, twin_s = optim.step(opt, grads, twin_s, twin_p)
+    assert full.n == 2  # the write sent the donated step down the full path
+    tdfunc.testing.assert_close(p, twin_p, rtol=0, atol=0)
+    tdfunc.testing.assert_close(s, twin_s, rtol=0, atol=0)
+    p, s = optim.step(opt, grads, s, p, donate=True)
+    assert full.n == 2  # and the full path made a new plan
+
+
+def test_the_plan_sees_a_swapped_tensor_that_aliases(monkeypatch: Any) -> None:
+    opt, grads, p, s = _planned_loop()
+    full = FullSteps(monkeypatch)
+    with torch.no_grad():  # no version bump: only the data address tells
+        p["out"].data = s["adamw", "exp_avg", "out"]
+    with pytest.raises(
+        ValueError, match=r"state, key 'adamw\.exp_avg\.out' and params, key 'out' share memory"
+    ):
+        optim.step(opt, grads, s, p, donate=True)
+    assert full.n == 1
+    assert not is_consumed(p)
+    assert not is_consumed(s)
+
+
+def test_the_plan_sees_grads_that_alias_the_params(monkeypatch: Any) -> None:
+    opt, _, p, s = _planned_loop()
+    full = FullSteps(monkeypatch)
+    with pytest.raises(ValueError, match=r"shares memory with grads, key 'layer\.weight'"):
+        optim.step(opt, p, s, p, donate=True)
+    view = p.apply(lambda x: x[:])  # a view of the same storage, another container
+    with pytest.raises(ValueError, match="shares memory with grads"):
+        optim.step(opt, view, s, p, donate=True)
+    assert full.n == 2
+    assert not is_consumed(p)
+    assert not is_consumed(s)
+
+
+def test_the_plan_sees_other_containers(monkeypatch: Any) -> None:
+    opt, grads, p, s = _planned_loop()
+    full = FullSteps(monkeypatch)
+    # a new state with a new learning rate: another container, the full path, the new lr
+    s2 = optim.set_hyperparams(s, lr=0.5)
+    twin_p, twin_s = optim.step(opt, grads, s2.clone(), p.clone())
+    p2, s3 = optim.step(opt, grads, s2, p, donate=True)
+    tdfunc.testing.assert_close(p2, twin_p, rtol=0, atol=0)
+    tdfunc.testing.assert_close(s3, twin_s, rtol=0, atol=0)
+    assert full.n == 2
+    # the same leaves under other names: the state does not belong to them
+    renamed = tdfunc.TensorDict(a=p2["layer", "weight"], b=p2["layer", "bias"], c=p2["out"])
+    g_renamed = tdfunc.TensorDict(
+        a=grads["layer", "weight"], b=grads["layer", "bias"], c=grads["out"]
+    )
+    with pytest.raises(optim.OptimStateError):
+        optim.step(opt, g_renamed, s3, renamed, donate=True)
+    assert full.n == 3
+    # the same leaves in a state of another optimizer: refused by the full path
+    wrong = tdfunc.TensorDict({"adam": s3["adamw"]})
+    with pytest.raises(optim.OptimStateError, match="adam"):
+        optim.step(opt, grads, wrong, p2, donate=True)
+    # a structure mismatch still names the keys
+    with pytest.raises(tdfunc.StructureError):
+        optim.step(opt, grads.exclude("out"), s3, p2, donate=True)
+
+
+def test_the_plan_keeps_nothing_alive() -> None:
+    import gc
+    import weakref
+
+    opt, grads, p, s = _planned_loop()
+    leaf = weakref.ref(p["out"])
+    state_ref = weakref.ref(s)
+    del p, s
+    gc.collect()
+    assert leaf() is None
+    assert state_ref() is None
+    params, _ = make()
+    p, _s = optim.step(opt, grads, opt.init(params), params.clone(), donate=True)
+    assert p["out"].shape == (3, 5)
+
+
+def test_consumed_grads_are_refused_on_the_planned_path() -> None:
+    opt, grads, p, s = _planned_loop()
+    g = grads.clone()
+    other_opt = optim.sgd(lr=0.1)
+    optim.step(other_opt, grads, other_opt.init(g), g, donate=True)  # consumes g
+    with pytest.raises(tdfunc.DonatedError):
+        optim.step(opt, g, s, p, donate=True)
+    assert not is_consumed(p)
+    assert not is_consumed(s)

@@ -26,7 +26,8 @@ from .._ops import _can_foreach, check_same_structure
 from .._tree import KeyPath, has_leaves, is_node, leaves, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
 from . import _errors as E
-from ._fused import Kernel, fused_inputs, local_lists
+from . import _plan
+from ._fused import Kernel, fused_inputs, local_lists, scalar
 
 #: A schedule maps the number of updates done so far (an int64 tensor) to a value (a tensor).
 Schedule = Callable[[Tensor], Tensor]
@@ -702,7 +703,49 @@ def build(
                 entries["step"] = s.count + 1
             return map_leaves(params, new_p), new_state(state, tag, entries)
 
+        # the plan of the last donated step (see tdfunc.optim._plan): one per optimizer
+        plan: list[_plan.Plan | None] = [None]
+
+        def remember(grads: Any, params: Any, state: Any) -> None:
+            """Keep the plan of the containers a donated fused step just returned, after
+            :func:`tdfunc.optim.step` checked its inputs in full."""
+            names: list[str] = []
+            zip_leaves([grads], names)
+            count = state._tdf_get(tag, None)._tdf_get("step", None)
+            plan[0] = _plan.record(names, params, state, count)
+
+        def planned_step(grads: Any, state: Any, params: Any) -> Any:
+            """The donated fused step over the containers the last one returned, without
+            the checks (None: the plan does not hold; take the full path)."""
+            p = plan[0]
+            if p is None or not _plan.holds(p, state) or not is_node(grads) or grads._batch_size:
+                return None
+            names: list[str] = []
+            lists = zip_leaves([grads, params], names) if is_node(params) else None
+            if lists is None:
+                return None
+            lg, lp = lists
+            ls = leaves(state)
+            if not _plan.matches(p, names, lg, lp, ls):
+                return None
+            inner = state._tdf_get(tag, None)
+            count = inner._tdf_get("step", None)
+            h = {n: hyper_value(hypers, n, inner, count) for n in hypers}
+            lr, wd = scalar(h["lr"]), scalar(h["weight_decay"])
+            if lr is None or wd is None:
+                return None
+            picks = decay_picks(decay_mask, grads, what_update)
+            bufs = {name: list(inner._tdf_get(name, None)._tdf_children()) for name in buffers}
+            kernel(lr, wd, lp, lg, bufs, count, picks)
+            if p.count_at >= 0:
+                ls[p.count_at] = count + 1
+            out = map_leaves(params, lp), map_leaves(state, ls)
+            plan[0] = _plan.after(p, lp, ls, count, out[1])
+            return out
+
         update.fused = fused_step  # type: ignore[attr-defined]  # read by optim.step
+        fused_step.planned = planned_step  # type: ignore[attr-defined]  # read by optim.step
+        fused_step.remember = remember  # type: ignore[attr-defined]  # read by optim.step
     return GradientTransformation(init, update)
 
 

@@ -86,6 +86,33 @@ def step(
     """
     if not isinstance(opt, GradientTransformation):
         raise TypeError(E.NOT_A_TRANSFORMATION.format(what=_WHAT, typ=type(opt).__name__))
+    fused = fused_of(opt)
+    out = None
+    if donate and fused is not None and hasattr(fused, "planned"):
+        # a training loop hands back what the last step returned: then the checks below
+        # were done on these very tensors (tdfunc.optim._plan)
+        for x in (grads, state, params):
+            _donate.check_not_consumed(x)
+        with torch.no_grad():
+            out = fused.planned(grads, state, params)
+    if out is None:
+        out = _full_step(opt, fused, grads, state, params, donate)
+    if donate:
+        _donate.consume(state, E.DONATED_TO_STEP.format(arg="state"))
+        _donate.consume(params, E.DONATED_TO_STEP.format(arg="params"))
+    return out
+
+
+def _full_step(
+    opt: GradientTransformation,
+    fused: Fused | None,
+    grads: Any,
+    state: Any,
+    params: Any,
+    donate: bool,
+) -> tuple[Any, Any]:
+    """:func:`step` with every check: the fused kernel where it fits, else ``update`` +
+    ``apply_updates`` (donated: written into the donated buffers)."""
     check_container(grads, _WHAT)
     check_container(params, _WHAT)
     donors: list[Tensor] = []
@@ -96,16 +123,16 @@ def step(
         # in the order of the outputs (params, then state): each output takes its own buffer
         donors = [t for i, t in checked if i == 2] + [t for i, t in checked if i == 1]
     with torch.no_grad():
-        fused = fused_of(opt)
         out = fused(grads, state, params, donate) if fused is not None else None
         if out is None:
             updates, new_state = opt.update(grads, state, params)
             out = (apply_updates(params, updates), new_state)
             if donate:
                 out = _donate.store_outputs(out, donors)
-    if donate:
-        _donate.consume(state, E.DONATED_TO_STEP.format(arg="state"))
-        _donate.consume(params, E.DONATED_TO_STEP.format(arg="params"))
+        elif donate:
+            remember = getattr(fused, "remember", None)
+            if remember is not None:
+                remember(grads, *out)
     return out
 
 
