@@ -61,7 +61,10 @@ def step(
     between params, state and grads (leaves that require grad, such as the parameters of
     :func:`tdfunc.from_module`, are written without autograd, as ``torch.optim`` does). In
     a compiled function, donate the arguments of the whole step with
-    ``tdfunc.compile(fn, donate=...)`` instead.
+    ``tdfunc.compile(fn, donate=...)`` instead. A donated loop that hands each step the
+    containers the previous one returned is checked in full once; later steps check only
+    that nothing changed since (the same state object and param tensors, no write to any
+    of them, plain grads that share no memory with them) and run the kernel at once.
 
     Args:
         opt: the optimizer.
