@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tdfunc
 from tdfunc import optim
+from tdfunc._donate import is_consumed
 from tdfunc.optim import _errors as E
 
 
@@ -848,6 +849,46 @@ def test_state_of_other_params() -> None:
     with pytest.raises(optim.OptimStateError) as e:
         opt.update(random_grads(params, 0), opt.init(stacked), params)
     assert str(e.value) == E.STATE_BATCH.format(what="adam.update", got=(2,), expected=())
+
+
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda: optim.adam(),
+        lambda: optim.adamw(lr=0.1, weight_decay=0.1),
+        lambda: optim.sgd(lr=0.1, momentum=0.9),
+        lambda: optim.adagrad(),
+    ],
+)
+def test_grads_of_another_dtype_than_the_state(make_opt: Any) -> None:
+    """A state buffer of one dtype and grads of another: a typed error naming the key (not
+    a torch error from inside an op, and not a state that changes dtype silently)."""
+    opt = make_opt()
+    params = tdfunc.TensorDict(w=torch.zeros(3), b={"c": torch.zeros(2)})
+    state = opt.init(params)
+    grads = tdfunc.TensorDict(w=torch.ones(3), b={"c": torch.ones(2, dtype=torch.float64)})
+    entry = next(iter(state[next(iter(state.keys()))].keys()))
+    for run in (
+        lambda: opt.update(grads, state, params),
+        lambda: optim.step(opt, grads, state, params),
+        lambda: optim.step(opt, grads, state, params, donate=True),
+    ):
+        with pytest.raises(optim.OptimStateError) as e:
+            run()
+        assert str(e.value) == E.STATE_DTYPE.format(
+            what=f"{opt_tag(state)}.update",
+            entry=entry,
+            key=repr("b.c"),
+            got=torch.float32,
+            expected=torch.float64,
+        )
+    assert not is_consumed(params)
+    assert not is_consumed(state)
+    assert torch.equal(params["w"], torch.zeros(3))
+
+
+def opt_tag(state: Any) -> str:
+    return next(iter(state.keys()))
 
 
 def test_leaf_names_that_collide() -> None:

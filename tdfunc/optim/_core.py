@@ -294,7 +294,7 @@ def buffer(
     inner: Any, entry: str, names: tuple[str, ...], ls_g: list[Tensor], what: str
 ) -> list[Tensor]:
     """The leaves of the buffer ``entry`` (a flat TensorDict keyed by the leaves' names): the
-    grads' names in order and the grads' shapes, or :class:`OptimStateError`."""
+    grads' names in order and the grads' shapes and dtypes, or :class:`OptimStateError`."""
     node = inner._tdf_get(entry, None)
     if not isinstance(node, TensorDict) or node._tdf_keys() != names:
         got = node._tdf_keys() if isinstance(node, TensorDict) else ()
@@ -307,7 +307,7 @@ def buffer(
             )
         )
     ls = list(node._tdf_children())
-    if not all(x.shape == g.shape for x, g in zip(ls, ls_g)):
+    if not all(x.shape == g.shape and x.dtype == g.dtype for x, g in zip(ls, ls_g)):
         for name, x, g in zip(names, ls, ls_g):
             if x.shape != g.shape:
                 raise E.OptimStateError(
@@ -317,6 +317,12 @@ def buffer(
                         key=repr(name),
                         got=tuple(x.shape),
                         expected=tuple(g.shape),
+                    )
+                )
+            if x.dtype != g.dtype:
+                raise E.OptimStateError(
+                    E.STATE_DTYPE.format(
+                        what=what, entry=entry, key=repr(name), got=x.dtype, expected=g.dtype
                     )
                 )
     return ls

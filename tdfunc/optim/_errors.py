@@ -44,6 +44,12 @@ STATE_SHAPE = (
     "{what}: the state entry {entry!r} has shape {got} at key {key}, but the grads there have "
     "shape {expected}. Call init on these params"
 )
+#: A state buffer's dtype differs from the grads' at one key (grads cast by hand, or a state
+#: made from params of another dtype).
+STATE_DTYPE = (
+    "{what}: the state entry {entry!r} has dtype {got} at key {key}, but the grads there have "
+    "dtype {expected}. Give grads of the params' dtype, or call init on params of that dtype"
+)
 #: The state's batch size differs from the params' (an ensemble state for a single model...).
 STATE_BATCH = (
     "{what}: the state has batch_size {got} but the grads have batch_size {expected}; the state "
