@@ -137,10 +137,13 @@ def _overlap(a: Tensor, b: Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
 def _memory(t: Tensor) -> list[Tensor]:
     """The tensors that hold ``t``'s memory: ``t`` itself, or for a wrapper subclass with no
     storage of its own (a DTensor: its local shard) the tensors inside it."""
-    if not is_traceable_wrapper_subclass(t):
+    if type(t) in _PLAIN or not is_traceable_wrapper_subclass(t):
         return [t]
     names, _ = t.__tensor_flatten__()
     inner = [getattr(t, n) for n in names]  # DTensor also lists its (opaque) mesh
@@ -204,8 +207,12 @@ def check_donated(
     # (argument, leaf, memory tensor): a DTensor's memory is its local shard
     by_storage: dict[int, list[tuple[int, Tensor, Tensor]]] = {}
     for i, t in out:
-        for m in _memory(t):
-            group = by_storage.setdefault(m.untyped_storage().data_ptr(), [])
+        for m in (t,) if type(t) in _PLAIN else _memory(t):
+            key = m.untyped_storage().data_ptr()
+            group = by_storage.get(key)
+            if group is None:  # the common case: a storage of its own
+                by_storage[key] = [(i, t, m)]
+                continue
             for k, other, om in group:
                 if _overlap(m, om):
                     second = 1 if other is t and k == i else 0
@@ -217,7 +224,7 @@ def check_donated(
     others: list[tuple[int | str, Any]] = [(j, a) for j, a in enumerate(args) if j not in donated]
     for name, a in [*others, *kwargs.items()]:
         for t in _tensor_leaves(a):
-            for m in _memory(t):
+            for m in (t,) if type(t) in _PLAIN else _memory(t):
                 for k, other, om in by_storage.get(m.untyped_storage().data_ptr(), ()):
                     if _overlap(m, om):
                         raise ValueError(
