@@ -51,8 +51,14 @@ def inference_layout(path: Any, x: torch.Tensor) -> list[Any]:
 
 
 def update(p: torch.Tensor, step: int) -> torch.Tensor:
-    """A stand-in for an optimizer step (elementwise, so it runs on the local shards)."""
-    return p - LR * torch.sin(p * (step + 1))
+    """A stand-in for an optimizer step (elementwise, so it runs on the local shards).
+
+    Only basic arithmetic, which rounds each element the same way in every layout and every
+    call: the exact comparison below checks the transfer, not torch's math kernels (on this
+    CPU build a process's first multi-threaded ``torch.sin`` has returned values 1.5e-4 off
+    the same call made again, which failed that comparison once under load).
+    """
+    return p - LR * (p * p - 1.0) * (step + 1)
 
 
 def rank_main(rank: int, world: int) -> dict[str, Any]:
