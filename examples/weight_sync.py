@@ -54,9 +54,10 @@ def update(p: torch.Tensor, step: int) -> torch.Tensor:
     """A stand-in for an optimizer step (elementwise, so it runs on the local shards).
 
     Only basic arithmetic, which rounds each element the same way in every layout and every
-    call: the exact comparison below checks the transfer, not torch's math kernels (on this
-    CPU build a process's first multi-threaded ``torch.sin`` has returned values 1.5e-4 off
-    the same call made again, which failed that comparison once under load).
+    call: the exact comparison below checks the transfer, not torch's math kernels. (A
+    process's first multi-threaded ``torch.sin`` on a large float tensor has returned values
+    1.5e-4 off the same call made again: oneMKL picks a VML kernel on first use, and threads
+    racing there can run a low-accuracy one, pytorch/pytorch#188792.)
     """
     return p - LR * (p * p - 1.0) * (step + 1)
 
