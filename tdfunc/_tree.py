@@ -20,7 +20,6 @@ transform (``torch.vmap``) added or removed, so vmap works with no patching of t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from itertools import islice
 from types import EllipsisType
 from typing import Any
 
@@ -322,13 +321,11 @@ def _node_context(node: Node, children: Sequence[Any], out: list[Any] | None) ->
     context)`` of each nested node; without it (optree) ``subs`` is empty and nested nodes are
     children of their own.
     """
-    ndims: list[int] = []
-    leafless: list[int] | tuple = ()  # lists only when needed: most nodes have neither
-    subs: list[tuple] | tuple = ()
+    ndims = []
+    leafless = []
+    subs = []
     has_ref = False
-    i = -1
-    for v in children:
-        i += 1
+    for i, v in enumerate(children):
         if isinstance(v, Tensor):
             ndims.append(v.ndim)
             has_ref = True
@@ -340,9 +337,7 @@ def _node_context(node: Node, children: Sequence[Any], out: list[Any] | None) ->
             ndims.append(len(v._batch_size))
             if out is not None and type(v) in _CLASSES:
                 sub, held = _node_context(v, v._tdf_children(), out)
-                if not subs:
-                    subs = []
-                subs.append((i, _token(type(v)), sub))  # type: ignore[union-attr]
+                subs.append((i, _token(type(v)), sub))
             else:  # optree's form, or a class not registered: a child of its own
                 held = has_leaves(v)
                 if out is not None:
@@ -350,9 +345,7 @@ def _node_context(node: Node, children: Sequence[Any], out: list[Any] | None) ->
             if held:
                 has_ref = True
             else:
-                if not leafless:
-                    leafless = []
-                leafless.append(i)  # type: ignore[union-attr]
+                leafless.append(i)
         else:
             ndims.append(-2)  # a non-tensor child (e.g. the ints of a vmap in_dims tree)
             if out is not None:
@@ -365,8 +358,8 @@ def _node_context(node: Node, children: Sequence[Any], out: list[Any] | None) ->
         None if dev is None else str(dev),
         None if has_ref else tuple([int(s) for s in node._batch_size]),
         node._tdf_static(),
-        tuple(leafless) if leafless else (),
-        tuple(subs) if subs else (),
+        tuple(leafless),
+        tuple(subs),
     )
     return ctx, has_ref
 
@@ -421,9 +414,7 @@ def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
     (e.g. pytree ``in_dims`` trees).
     """
     bd, ndims, leafless = ctx[1], ctx[2], ctx[6]
-    i = -1
-    for c, nd in zip(children, ndims):
-        i += 1
+    for i, (c, nd) in enumerate(zip(children, ndims)):
         if nd == -1 or (leafless and i in leafless):
             continue
         if isinstance(c, Tensor):
@@ -478,24 +469,15 @@ def _build(cls_rebuild: Callable[..., Any], full: list[Any], ctx: tuple) -> Any:
 def _unflatten_deep(cls_rebuild: Callable[..., Any], it: Iterator[Any], ctx: tuple) -> Any:
     """Rebuild a node and the nodes below it (``subs`` of ``ctx``) from the leaves ``it``."""
     ndims, subs = ctx[2], ctx[7]
-    full: list[Any]
-    if not subs:  # a node of leaves (the common case): take them in one step
-        if -1 in ndims:
-            full = [None if nd == -1 else next(it) for nd in ndims]
-        else:
-            full = list(islice(it, len(ndims)))
-        return _build(cls_rebuild, full, ctx)
-    full = []
+    full: list[Any] = []
     j = 0
-    at = subs[0][0]  # position of the next nested node
     for i, nd in enumerate(ndims):
         if nd == -1:
             full.append(None)
-        elif i == at:
-            _, token, sub = subs[j]
-            full.append(_unflatten_deep(_CLASSES[_class_of(token)][1], it, sub))
+        elif j < len(subs) and subs[j][0] == i:
+            cls = _class_of(subs[j][1])
+            full.append(_unflatten_deep(_CLASSES[cls][1], it, subs[j][2]))
             j += 1
-            at = subs[j][0] if j < len(subs) else -1
         else:
             full.append(next(it))
     return _build(cls_rebuild, full, ctx)
