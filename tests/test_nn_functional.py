@@ -703,6 +703,40 @@ def test_plan_is_used_and_matches_the_full_path():
     assert_close(first, _reference(m, state, x))
 
 
+def test_plan_checks_every_given_shape():
+    """A state of the planned structure with a tensor of another shape: the plan is not taken
+    and the call raises the full path's error, naming the key (with and without a tie, and
+    with a key the module does not have: the plan's two ways of reading the leaves)."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 3)
+    m = mlp()
+    state = from_module(m) * 2
+    functional_call(m, state, (x,))
+    assert _planned(m, state)
+    before, objs = state_snapshot(m), _objs(m)
+    for key in (("0", "weight"), ("2", "bias")):
+        bad = state.set(key, torch.zeros(7))
+        assert not _planned(m, bad)
+        with pytest.raises(ValueError, match=re.escape(".".join(key))):
+            functional_call(m, bad, (x,))
+    extra = {**dict(state.flatten_keys(".").items()), "not.a.key": torch.zeros(1)}
+    functional_call(m, extra, (x,))
+    assert _planned(m, extra)
+    with pytest.raises(ValueError, match=r"2\.weight"):
+        functional_call(m, {**extra, "2.weight": torch.zeros(2, 2)}, (x,))
+    assert_close(functional_call(m, extra, (x,)), _reference(m, state, x))
+    assert_module_unchanged(m, before, objs)
+    tied = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    tied[1].weight = tied[0].weight
+    both = dict(tied.state_dict())  # both names of the tied weight: one tensor
+    functional_call(tied, both, (x,))
+    assert _planned(tied, both)
+    with pytest.raises(ValueError, match=r"1\.bias"):
+        functional_call(tied, {**both, "1.bias": torch.zeros(4)}, (x,))
+    with pytest.raises(ValueError, match="tied weights"):
+        functional_call(tied, {**both, "1.weight": torch.zeros(3, 3)}, (x,))
+
+
 def test_plan_sees_a_new_parameter():
     class Scaled(nn.Module):
         def __init__(self) -> None:

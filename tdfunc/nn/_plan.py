@@ -54,9 +54,8 @@ from ._state import Prepared, Slot, _Snapshot, same_tensor
 _MAX_PLANS = 8
 #: module -> {(state structure, strict, tie_weights): plan}
 _PLANS: weakref.WeakKeyDictionary[nn.Module, dict[Hashable, Plan]] = weakref.WeakKeyDictionary()
-#: a tensor child in a structure key (a node child has its own key there)
-_LEAF = 0
-#: a ``None`` child in a structure key
+#: a ``None`` child in a structure key (a tensor child is its key alone, a node child is the
+#: key and the node's own structure key)
 _NONE = 1
 
 
@@ -78,7 +77,7 @@ def _node_structure(
             leaves.append(v)
             if names is not None:
                 names.append(prefix + k)
-            parts.append((k, _LEAF))
+            parts.append(k)  # a tensor child: its key alone
         elif v is None:
             parts.append((k, _NONE))
         elif is_node(v):
@@ -103,7 +102,7 @@ def _mapping_structure(
             leaves.append(v)
             if names is not None:
                 names.append(prefix + k)
-            parts.append((k, _LEAF))
+            parts.append(k)  # a tensor child: its key alone
         elif is_node(v):
             pairs = leaves_with_paths(v)
             leaves.extend(t for _, t in pairs)
@@ -154,23 +153,10 @@ def structure(state: Any, leaves: list[Tensor], names: list[str] | None = None) 
 # --------------------------------------------------------------------------------------
 # plans
 # --------------------------------------------------------------------------------------
-def _signature(m: nn.Module) -> tuple[Any, ...] | None:
-    """What :meth:`Plan.live` compares: the number of parameter and buffer slots of ``m``, the
-    names in its three slot dictionaries and the identity of each object they hold (or of
-    ``None``), in order; None when all three are empty (most activation modules)."""
-    p, b, s = m._parameters, m._buffers, m._modules
-    if not (p or b or s):
-        return None
-    return (
-        len(p),
-        len(b),
-        *p,
-        *b,
-        *s,
-        *map(id, p.values()),
-        *map(id, b.values()),
-        *map(id, s.values()),
-    )
+def _slots_of(d: dict[str, Any]) -> tuple[list[str], list[int]] | None:
+    """What :meth:`Plan.live` compares of one slot dictionary: its names and the identity of
+    each object it holds (or of ``None``), in order; None for an empty dictionary."""
+    return (list(d), list(map(id, d.values()))) if d else None
 
 
 class Live:
@@ -196,6 +182,7 @@ class Plan:
     __slots__ = (
         "alias",
         "any_none",
+        "direct",
         "fused",
         "is_buffer",
         "leaf_of",
@@ -223,12 +210,10 @@ class Plan:
 
         #: per module of the walk: where the live walk finds it (the number of the module that
         #: holds it under its first name, and that name; -1 and "" for the root), its class,
-        #: its :func:`_signature`, and its non-persistent buffer names (None: no buffer slot)
+        #: :func:`_slots_of` its ``_parameters``, ``_buffers`` and ``_modules``, and its
+        #: non-persistent buffer names (None: no buffer slot)
         at_prefix = {p: i for i, (p, _, _, _, _) in enumerate(snapshot.modules)}
-        self.modules: list[
-            tuple[int, str, type[nn.Module], tuple[Any, ...] | None, frozenset[str] | None]
-        ]
-        self.modules = []
+        self.modules: list[tuple[Any, ...]] = []
         for prefix, m, _, _, _ in snapshot.modules:
             parent, _, name = prefix[:-1].rpartition(".")
             self.modules.append(
@@ -236,7 +221,9 @@ class Plan:
                     at_prefix[parent + "." if parent else ""] if prefix else -1,
                     name,
                     type(m),
-                    _signature(m),
+                    _slots_of(m._parameters),
+                    _slots_of(m._buffers),
+                    _slots_of(m._modules),
                     frozenset(m._non_persistent_buffers_set) if m._buffers else None,
                 )
             )
@@ -277,6 +264,11 @@ class Plan:
             else:
                 i = position[first]
                 self.leaf_of.append((*self.slots[i], i, first != n))
+        #: every leaf of the state is a given name, in the order of the names (no second name
+        #: of a tied tensor, no key the module does not have)
+        self.direct = [
+            of[3] if of is not None and not of[4] else -1 for of in self.leaf_of
+        ] == list(range(len(prepared.names)))
 
     def live(self, module: nn.Module, leaves: list[Tensor]) -> Live | None:
         """The plan for this call, or None when the module changed or a tensor does not fit
@@ -285,29 +277,52 @@ class Plan:
         # compared with what the plan recorded (see the module's docstring).
         mods: list[nn.Module] = []
         dicts: list[dict[str, Any]] = []
-        for parent, name, cls, signature, non_persistent in self.modules:
+        for parent, name, cls, params, buffers, subs, non_persistent in self.modules:
             m = module if parent < 0 else mods[parent]._modules[name]
             if type(m) is not cls:  # also None: the class recorded is a module class
                 return None
-            if _signature(m) != signature:
+            # the three dictionaries against what _slots_of recorded (written out: the hot loop)
+            p, b, s = m._parameters, m._buffers, m._modules
+            if params is None:
+                if p:
+                    return None
+            elif list(map(id, p.values())) != params[1] or list(p) != params[0]:
                 return None
-            if non_persistent is not None and m._non_persistent_buffers_set != non_persistent:
+            if buffers is None:
+                if b:
+                    return None
+            elif (
+                list(map(id, b.values())) != buffers[1]
+                or list(b) != buffers[0]
+                or m._non_persistent_buffers_set != non_persistent
+            ):
+                return None
+            if subs is None:
+                if s:
+                    return None
+            elif list(map(id, s.values())) != subs[1] or list(s) != subs[0]:
                 return None
             mods.append(m)
-            dicts += (m._parameters, m._buffers)
-        tensors: list[Tensor | None] = [None] * len(self.names)
-        for v, of in zip(leaves, self.leaf_of):
-            if of is None:
-                continue
-            i, buffer, attr, k, second = of
-            if v.shape != dicts[2 * i + buffer][attr].shape:
-                return None
-            if second:
-                first = tensors[k]
-                if first is None or not same_tensor(v, first):
+            dicts += (p, b)
+        if self.direct:  # leaf j is name j, in its own slot: the state's leaves, in order
+            for v, (i, buffer, attr) in zip(leaves, self.slots):
+                if v.shape != dicts[2 * i + buffer][attr].shape:
                     return None
-            else:
-                tensors[k] = v
+            tensors: list[Tensor | None] = leaves  # type: ignore[assignment]
+        else:
+            tensors = [None] * len(self.names)
+            for v, of in zip(leaves, self.leaf_of):
+                if of is None:
+                    continue
+                i, buffer, attr, k, second = of
+                if v.shape != dicts[2 * i + buffer][attr].shape:
+                    return None
+                if second:
+                    first = tensors[k]
+                    if first is None or not same_tensor(v, first):
+                        return None
+                else:
+                    tensors[k] = v
         given: list[Tensor] = tensors  # type: ignore[assignment]  # every name has its leaf
         # only what call_with_state reads (``prefixes`` and ``by_id`` serve Prepared.build)
         snapshot = _Snapshot.__new__(_Snapshot)
