@@ -160,6 +160,23 @@ def _kind(t: Tensor) -> tuple[Any, ...]:
     return key
 
 
+def _where(
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    names: Sequence[str],
+    arg: int | str,
+    t: Tensor,
+    nth: int = 0,
+) -> str:
+    """Where a leaf of the arguments is, for an error: the argument and the key (``nth``: the
+    same tensor under a second key). Key paths are looked up only here."""
+    x = args[arg] if isinstance(arg, int) else kwargs[arg]
+    found = [p for p, v in _paths(x) if v is t]
+    path = found[min(nth, len(found) - 1)] if found else ()
+    where = names[arg] if isinstance(arg, int) and arg < len(names) else f"argument {arg!r}"
+    return f"{where}, key {'.'.join(path)!r}" if path else where
+
+
 def check_donated(
     args: Sequence[Any],
     kwargs: dict[str, Any],
@@ -174,16 +191,9 @@ def check_donated(
     un-donated. Raises a typed error naming the argument and the key otherwise. ``grad_ok``
     admits leaves that require grad (for writers that run under ``no_grad``); ``names`` names
     the positional arguments in messages (default: "argument i")."""
-    from .memmap._tensor import MemoryMappedTensor
 
     def at(arg: int | str, t: Tensor, nth: int = 0) -> str:
-        # key paths are looked up only to name a leaf in an error (``nth``: the same tensor
-        # under a second key)
-        x = args[arg] if isinstance(arg, int) else kwargs[arg]
-        found = [p for p, v in _paths(x) if v is t]
-        path = found[min(nth, len(found) - 1)] if found else ()
-        where = names[arg] if isinstance(arg, int) and arg < len(names) else f"argument {arg!r}"
-        return f"{where}, key {'.'.join(path)!r}" if path else where
+        return _where(args, kwargs, names, arg, t, nth)
 
     for a in args:
         check_not_consumed(a)
@@ -197,9 +207,12 @@ def check_donated(
         if not is_node(x):
             raise TypeError(E.DONATE_NOT_CONTAINER.format(what=what, arg=i, typ=type(x).__name__))
         for t in leaves(x):
-            if type(t) is not Tensor and isinstance(t, MemoryMappedTensor):
-                err = PermissionError if t.mode == "r" else ValueError
-                raise err(E.DONATE_MEMMAP.format(what=what, at=at(i, t), mode=t.mode))
+            if type(t) is not Tensor:
+                from .memmap._tensor import MemoryMappedTensor
+
+                if isinstance(t, MemoryMappedTensor):
+                    err = PermissionError if t.mode == "r" else ValueError
+                    raise err(E.DONATE_MEMMAP.format(what=what, at=at(i, t), mode=t.mode))
             if t.requires_grad and not grad_ok:
                 raise ValueError(E.DONATE_REQUIRES_GRAD.format(what=what, at=at(i, t)))
             out.append((i, t))
@@ -220,17 +233,27 @@ def check_donated(
                         E.DONATE_ALIAS.format(what=what, a=at(k, other), b=at(i, t, second))
                     )
             group.append((i, t, m))
-    donated = set(donate)
-    others: list[tuple[int | str, Any]] = [(j, a) for j, a in enumerate(args) if j not in donated]
-    for name, a in [*others, *kwargs.items()]:
+    passed: list[tuple[int | str, Any]] = [
+        (j, a) for j, a in enumerate(args) if j not in donate and not _no_tensor(a)
+    ]
+    passed += [(k, a) for k, a in kwargs.items() if not _no_tensor(a)]
+    for name, a in passed:
         for t in _tensor_leaves(a):
             for m in (t,) if type(t) in _PLAIN else _memory(t):
-                for k, other, om in by_storage.get(m.untyped_storage().data_ptr(), ()):
+                group = by_storage.get(m.untyped_storage().data_ptr())
+                if group is None:  # the common case
+                    continue
+                for k, other, om in group:
                     if _overlap(m, om):
                         raise ValueError(
                             E.DONATE_ALSO_PASSED.format(what=what, a=at(k, other), b=at(name, t))
                         )
     return out
+
+
+def _no_tensor(x: Any) -> bool:
+    """A Python scalar, string or None: nothing to look into."""
+    return x is None or isinstance(x, (bool, int, float, complex, str))
 
 
 def _tensor_leaves(x: Any) -> list[Tensor]:
