@@ -21,7 +21,10 @@ Workloads (category ``optim``, one thread, CPU time):
   two 12M tensors; ``tiny``: a 8-64-64-2 MLP), pure (``tdfunc``) or with the params and state
   donated (``tdfunc_donated``: ``tdfunc.compile(..., donate=(0, 1))`` compiled,
   ``optim.step(..., donate=True)`` eager), against a compiled ``torch.optim.AdamW`` step,
-  ``foreach=True`` and ``fused=True`` eager (torch's fastest CPU path).
+  ``foreach=True`` and ``fused=True`` eager (torch's fastest CPU path); the pure step also
+  against ``clone_fused`` (``_vs_clone_fused``): the fastest pure step torch can express,
+  written by hand (clones of the parameters and moments, new step counts, torch's fused
+  kernel on them), the floor of any step that leaves its inputs as they were.
 * ``adamw_step_large_peak_memory``: RSS growth during one step of each variant in a fresh
   process (high-water mark reset after warm-up), in parameter sets.
 * ``train_step_gpt2`` also with the params and state donated (``tdfunc_donated``).
@@ -343,9 +346,43 @@ def param_set(name: str) -> tuple[Any, Any]:
     return params, params.apply(lambda p: torch.randn(p.shape, generator=g) * 1e-2)
 
 
+def clone_fused_step(params: Any, grads: Any) -> Callable[[], None]:
+    """The fastest pure AdamW step torch can express, written by hand: new parameters, moments
+    and step counts (clones, ``count + 1``) updated by torch's fused kernel, the inputs left as
+    they were; each call feeds the new lists back (a training loop over plain lists)."""
+    from tdfunc import _compat as C
+
+    ps = [p.detach().clone() for p in params.values()]
+    gs = [g.clone() for g in grads.values()]
+    lists = [ps, [torch.zeros_like(p) for p in ps], [torch.zeros_like(p) for p in ps]]
+    steps = [torch.zeros(()) for _ in ps]
+
+    def step() -> None:
+        nonlocal lists, steps
+        new = [[t.clone() for t in ts] for ts in lists]
+        counts = [s + 1 for s in steps]
+        C.fused_adamw_(
+            new[0], gs, new[1], new[2], [], counts, lr=LR, beta1=0.9, beta2=0.999, weight_decay=WD, eps=1e-8,
+            amsgrad=False, maximize=False,
+        )  # fmt: skip
+        lists, steps = new, counts
+
+    # the hand-written step is AdamW: one step matches torch.optim's
+    ref = [p.detach().clone() for p in params.values()]
+    for p, g in zip(ref, gs):
+        p.grad = g
+    torch.optim.AdamW(ref, lr=LR, weight_decay=WD).step()
+    step()
+    for a, b in zip(lists[0], ref):
+        torch.testing.assert_close(a, b)
+    return step
+
+
 def torch_step(params: Any, grads: Any, kind: str) -> Callable[[], Any]:
     """torch.optim.AdamW over copies: ``compiled`` (compiled with a tensor lr, as PyTorch
-    recommends), ``foreach`` or ``fused`` (eager)."""
+    recommends), ``foreach`` or ``fused`` (eager); ``clone_fused``: :func:`clone_fused_step`."""
+    if kind == "clone_fused":
+        return clone_fused_step(params, grads)
     ps = [p.detach().clone() for p in params.values()]
     for p, g in zip(ps, grads.values()):
         p.grad = g.clone()
@@ -389,6 +426,9 @@ ROWS = [
     ("compiled_donated", "compiled", "compiled", "tdfunc_donated", "", {"*": 0.45, "tiny": 1.0}),
     ("compiled_donated", "compiled", "fused", "tdfunc_donated", "_vs_fused", {"*": 1.0}),
     ("eager_pure", "eager", "foreach", "tdfunc", "", {"*": 0.7}),
+    # the pure step against the fastest pure step torch can express (clones + fused kernel)
+    ("eager_pure", "eager", "clone_fused", "tdfunc", "_vs_clone_fused", {"*": 1.0}),
+    ("compiled_pure", "compiled", "clone_fused", "tdfunc", "_vs_clone_fused", {"*": 1.0}),
     ("eager_donated", "eager", "fused", "tdfunc_donated", "_vs_fused", {"*": 1.05}),
 ]
 
