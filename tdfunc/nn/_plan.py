@@ -304,7 +304,7 @@ class Plan:
                 return None
             mods.append(m)
             dicts += (p, b)
-        if self.direct:  # leaf j is name j, in its own slot: the state's leaves, in order
+        if self.direct:  # leaf j is the tensor of name j: the state's leaves, in order
             for v, (i, buffer, attr) in zip(leaves, self.slots):
                 if v.shape != dicts[2 * i + buffer][attr].shape:
                     return None
