@@ -160,23 +160,6 @@ def _kind(t: Tensor) -> tuple[Any, ...]:
     return key
 
 
-def _where(
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-    names: Sequence[str],
-    arg: int | str,
-    t: Tensor,
-    nth: int = 0,
-) -> str:
-    """Where a leaf of the arguments is, for an error: the argument and the key (``nth``: the
-    same tensor under a second key). Key paths are looked up only here."""
-    x = args[arg] if isinstance(arg, int) else kwargs[arg]
-    found = [p for p, v in _paths(x) if v is t]
-    path = found[min(nth, len(found) - 1)] if found else ()
-    where = names[arg] if isinstance(arg, int) and arg < len(names) else f"argument {arg!r}"
-    return f"{where}, key {'.'.join(path)!r}" if path else where
-
-
 def check_donated(
     args: Sequence[Any],
     kwargs: dict[str, Any],
@@ -193,7 +176,13 @@ def check_donated(
     the positional arguments in messages (default: "argument i")."""
 
     def at(arg: int | str, t: Tensor, nth: int = 0) -> str:
-        return _where(args, kwargs, names, arg, t, nth)
+        # key paths are looked up only to name a leaf in an error (``nth``: the same tensor
+        # under a second key)
+        x = args[arg] if isinstance(arg, int) else kwargs[arg]
+        found = [p for p, v in _paths(x) if v is t]
+        path = found[min(nth, len(found) - 1)] if found else ()
+        where = names[arg] if isinstance(arg, int) and arg < len(names) else f"argument {arg!r}"
+        return f"{where}, key {'.'.join(path)!r}" if path else where
 
     for a in args:
         check_not_consumed(a)
@@ -240,10 +229,7 @@ def check_donated(
     for name, a in passed:
         for t in _tensor_leaves(a):
             for m in (t,) if type(t) in _PLAIN else _memory(t):
-                group = by_storage.get(m.untyped_storage().data_ptr())
-                if group is None:  # the common case
-                    continue
-                for k, other, om in group:
+                for k, other, om in by_storage.get(m.untyped_storage().data_ptr(), ()):
                     if _overlap(m, om):
                         raise ValueError(
                             E.DONATE_ALSO_PASSED.format(what=what, a=at(k, other), b=at(name, t))
