@@ -521,10 +521,10 @@ def test_unshared_module_matches_torch_func():
 # --------------------------------------------------------------------------------------
 # Dynamo is loaded by whoever compiles, never by an eager call
 # --------------------------------------------------------------------------------------
-def _run(code: str) -> str:
+def _run(code: str, python: str = sys.executable) -> str:
     """Run ``code`` in a fresh interpreter; its stdout (fails on a non-zero exit)."""
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
+        [python, "-c", code], capture_output=True, text=True, timeout=600, check=False
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout
@@ -570,9 +570,14 @@ print("torch._dynamo" in sys.modules, importers == [])
     assert _run(code).split() == ["False", "True"]
 
 
-def test_under_grad_dynamo_is_loaded_by_torch_not_by_tdfunc():
+def test_under_grad_dynamo_is_loaded_by_torch_not_by_tdfunc(tmp_path: Any) -> None:
     """``torch.func.grad`` loads Dynamo itself (its backward pass disables compiled autograd):
-    nothing of tdfunc is on the stack when it does."""
+    nothing of tdfunc is on the stack when it does. A frame is tdfunc's when its file lies in
+    tdfunc's package folder: the interpreter runs from a folder whose path names tdfunc (a
+    venv made for tdfunc), so every torch file's path contains the word."""
+    venv = tmp_path / "tdfunc-venv"
+    venv.symlink_to(sys.prefix, target_is_directory=True)
+    python = str(venv / "bin" / "python")
     code = (
         _IMPORTERS
         + """
@@ -580,11 +585,14 @@ params = tdfunc.from_module(net, buffers=False)
 grad = torch.func.grad(lambda p: tdfunc.functional_call(net.eval(), p, (x,)).sum())(params)
 assert grad["0", "weight"].shape == (4, 3)
 tdfunc.functional_call(net, state, (x,))  # after Dynamo is loaded: twins registered
+import os
 files = [f for stack in importers for f in stack]
-print("torch._dynamo" in sys.modules, len(importers), any("tdfunc" in f for f in files))
+package = os.path.dirname(os.path.abspath(tdfunc.__file__)) + os.sep
+print("torch._dynamo" in sys.modules, len(importers), any(f.startswith(package) for f in files))
+print(any("tdfunc-venv" in f for f in files))
 """
     )
-    assert _run(code).split() == ["True", "1", "False"]
+    assert _run(code, python).split() == ["True", "1", "False", "True"]
 
 
 def test_compiled_after_eager_calls_in_a_fresh_process():
