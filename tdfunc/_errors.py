@@ -219,3 +219,32 @@ DONATE_ALSO_PASSED = (
     "{what}: the donated leaf at {a} shares memory with {b}, which is not donated: the "
     "function would read a buffer it overwrites. Pass a copy or donate neither"
 )
+
+
+# ---- ops over batch dims (_ops/_batchdim.py)
+BATCHDIM_NEEDS_DIM = (
+    "{op}: argument {arg!r} must name batch dims of the container (batch_size {batch_size}); "
+    "got {value!r}. On a container every dim is a batch dim; for a whole-leaf op use "
+    "td.apply(lambda x: torch.{op}(x, ...))"
+)
+BATCHDIM_ALIGN = (
+    "{op}: the tensor argument {arg!r} has shape {shape}, but a tensor given with a container "
+    "must have one dim per batch dim (batch_size {batch_size}); it is aligned with the batch "
+    "dims and expanded over each leaf's feature dims"
+)
+BATCHDIM_MASK = (
+    "{op}: the mask has shape {shape}, but it must have the container's batch_size "
+    "{batch_size} (it selects batch entries, as td[mask])"
+)
+BATCHDIM_SIZES = (
+    "{op}: {sizes} has {n} entries, but the container has {bd} batch dims (batch_size "
+    "{batch_size}); the sizes name batch dims only"
+)
+BATCHDIM_PAD = (
+    "{op}: {what}; on a container pad takes (left, right) pairs for the last batch dims "
+    "(batch_size {batch_size}) in mode 'constant'"
+)
+BATCHDIM_SELF = (
+    "{op}: the container must be the input (first argument), got {typ}; use "
+    "td.apply(...) to call it with the leaves elsewhere"
+)

@@ -10,7 +10,9 @@ write ``from tdfunc import _ops as ops`` and ``ops.reshape``:
 - :mod:`._indexing`: ``node[idx]``, indexed updates and ``td.at[idx]``;
 - :mod:`._stack_split`: ``stack``, ``cat``, ``unbind``, ``split``, ``chunk``;
 - :mod:`._transforms`: leafwise ``apply``, ``to``, ``clone``, ``*_like``, ``consolidate``;
-- :mod:`._math`: elementwise arithmetic (``binary``, ``unary``) and reductions.
+- :mod:`._math`: elementwise arithmetic (``binary``, ``unary``);
+- :mod:`._batchdim`: torch functions over batch dims (reductions, scans, softmax, sorting,
+  dim-wise shape and index ops, ``pad``), one rule per family (``_batchdim.rule_for``).
 
 Module-level imports among them go one way: ``_structure`` <- ``_shape`` <- ``_stack_split``,
 ``_structure`` <- ``_math`` <- ``_indexing`` (which also uses ``_shape``), ``_structure`` <-
@@ -34,6 +36,7 @@ from .._tree import leaves as leaves
 from .._tree import leaves_with_paths as leaves_with_paths
 from .._tree import map_leaves as map_leaves
 from .._tree import same_structure as same_structure
+from ._batchdim import all_, any_, reduce
 from ._indexing import _ROW_DTYPES as _ROW_DTYPES
 from ._indexing import AtIndexer, index, index_update
 from ._indexing import _AtRef as _AtRef
@@ -44,10 +47,9 @@ from ._indexing import normalize_index as normalize_index
 from ._math import _COMMUTATIVE as _COMMUTATIVE
 from ._math import _FOREACH as _FOREACH
 from ._math import _can_foreach as _can_foreach
-from ._math import _dims_arg as _dims_arg
 from ._math import _is_batched as _is_batched
-from ._math import all_, any_, binary, elementwise, reduce, unary
 from ._math import as_operand as as_operand
+from ._math import binary, elementwise, unary
 from ._shape import _batch_of as _batch_of
 from ._shape import _infer_shape as _infer_shape
 from ._shape import _map_shape as _map_shape

@@ -1,5 +1,6 @@
-"""Elementwise arithmetic and reductions: ``binary`` / ``unary`` / ``elementwise`` (with one
-``torch._foreach_*`` call where valid), ``as_operand``, and ``reduce``, ``all_``, ``any_``.
+"""Elementwise arithmetic: ``binary`` / ``unary`` / ``elementwise`` (with one
+``torch._foreach_*`` call where valid) and ``as_operand``. Reductions live with the other ops
+over batch dims in :mod:`._batchdim`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from torch import Tensor
 
 from .._compat import foreach_add, foreach_div, foreach_mul, foreach_sub, is_batchedtensor
 from .._tree import is_node, leaves, map_leaves
-from ._structure import check_batch_invariant, check_same_structure, norm_dim
+from ._structure import check_batch_invariant, check_same_structure
 
 _is_batched = is_batchedtensor
 
@@ -124,66 +125,3 @@ def elementwise(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str,
         out.append(func(*call_args, **kwargs))
     check_batch_invariant(ref, out, ref._batch_size, getattr(func, "__name__", "op"))
     return map_leaves(ref, out)
-
-
-# --------------------------------------------------------------------------------------
-# reductions
-# --------------------------------------------------------------------------------------
-def _dims_arg(dim: Any, bs: torch.Size) -> tuple[int, ...]:
-    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
-    out = tuple(sorted({norm_dim(d, len(bs), bs) for d in dims}))
-    return out
-
-
-def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
-    """Reduce every leaf with ``torch.<name>``.
-
-    With ``dim=None`` each leaf is reduced whole (the result has ``batch_size=()``, 0-d leaves);
-    with ``dim`` (an int or a tuple of batch dims) only those batch dims are reduced.
-
-    Example:
-        >>> import torch, tdfunc
-        >>> td = tdfunc.TensorDict(a=torch.ones(4, 3), batch_size=[4])
-        >>> td.sum(dim=0)["a"].tolist(), td.sum()["a"].item()
-        ([4.0, 4.0, 4.0], 12.0)
-    """
-    fn = getattr(torch, name)
-    ls = leaves(node)
-    if dim is None:
-        out = [fn(x, **kwargs) for x in ls]
-        return map_leaves(node, out, torch.Size(()), keep_extra=False)
-    bs = node._batch_size
-    dims = _dims_arg(dim, bs)
-    if name == "prod":
-        out = []
-        for x in ls:
-            for d in reversed(dims):
-                x = torch.prod(x, d, keepdim=keepdim, **kwargs)
-            out.append(x)
-    else:
-        out = [fn(x, dims, keepdim=keepdim, **kwargs) for x in ls]
-    if keepdim:
-        new_bs = torch.Size([1 if i in dims else s for i, s in enumerate(bs)])
-    else:
-        new_bs = torch.Size([s for i, s in enumerate(bs) if i not in dims])
-    return map_leaves(node, out, new_bs)
-
-
-def all_(node: Any, dim: Any = None) -> Any:
-    """0-d bool tensor: every element of every leaf is true (or a node reduced over ``dim``)."""
-    if dim is not None:
-        return reduce(node, "all", dim)
-    ls = leaves(node)
-    if not ls:
-        return torch.tensor(True)
-    return torch.stack([x.all() for x in ls]).all()
-
-
-def any_(node: Any, dim: Any = None) -> Any:
-    """0-d bool tensor: some element of some leaf is true (or a node reduced over ``dim``)."""
-    if dim is not None:
-        return reduce(node, "any", dim)
-    ls = leaves(node)
-    if not ls:
-        return torch.tensor(False)
-    return torch.stack([x.any() for x in ls]).any()

@@ -1,0 +1,749 @@
+"""Torch functions over the batch dims of a container: reductions, scans, softmax, sorting,
+shape and index ops, ``pad`` and ``pad_sequence``.
+
+Which torch functions lift, and how, is read from torch's own metadata (ATen schemas and
+tags), one rule per family:
+
+- **over dims** (:func:`_over_dims`): every argument named ``dim`` / ``dims`` / ``dim0`` /
+  ``dim1`` / ``axis0`` / ``axis1`` / ``source`` / ``destination`` with an integer type in
+  the function's schema names a *batch* dim (negative dims count from the end of the batch
+  dims; a dim outside them is an ``IndexError`` naming the dim and the batch size); the
+  function runs on every leaf with those dims, and the new batch size is read from the
+  first result (each leaf keeps its feature dims, at the end). Index tensors (``index``,
+  ``indices``, ``src``) with one dim per batch dim are aligned with the batch dims and
+  expanded over each leaf's feature dims (``gather``, ``scatter``, ``take_along_dim``); a
+  container operand gives its leaves. Reductions (an overload tagged
+  ``torch.Tag.reduction`` or one that takes ``keepdim``) with no dim reduce each whole leaf
+  (``batch_size=()``), as :func:`reduce` always did; for every other op a dim is required.
+  Results that torch returns as named tuples (``max``/``min``/``sort``/``topk`` with a dim,
+  ``cummax`` ...) come back as the same named tuple of containers (``.values``,
+  ``.indices``); a list of tensors (``tensor_split``) as a tuple of containers.
+  A container with ``batch_size=()`` accepts dim ``0`` / ``-1`` as a 0-d tensor does.
+- **sizes over batch dims** (:func:`_sizes`): ``repeat`` / ``tile`` take one size per batch
+  dim (``tile`` pads on the left as torch does); feature dims are kept.
+- ``expand_as`` (the batch size of a container, or the shape of a tensor), ``masked_select``
+  with a batch-shaped mask (``td[mask]``: ``batch_size=[n_selected]``), ``pad`` (constant
+  padding of the last batch dims) and ``pad_sequence`` (containers of one structure, padded
+  along their first batch dim).
+
+:func:`rule_for` gives the rule of a torch function (``None`` when it is not of these
+families); :data:`METHODS` is the table of container methods that are sugar over them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import _errors as E
+from .._tree import is_node, leaves, map_leaves
+from ._indexing import index
+from ._math import elementwise
+from ._shape import _map_shape, expand, squeeze, unsqueeze
+from ._structure import check_batch_invariant, check_same_structure, norm_dim
+
+# --------------------------------------------------------------------------------------
+# schemas: what each argument of a torch function is
+# --------------------------------------------------------------------------------------
+#: argument names that name dims, when the schema types them as integers
+_DIM_NAMES = frozenset(
+    {"dim", "dims", "dim0", "dim1", "axis", "axis0", "axis1", "source", "destination"}
+)
+#: tensor arguments that address positions of the input (one dim per batch dim): aligned
+#: with the batch dims and expanded over each leaf's feature dims
+_ALIGN_NAMES = frozenset({"index", "indices", "src"})
+_REQUIRED = inspect.Parameter.empty
+
+
+class _Sig(NamedTuple):
+    """One way to call a torch function: its arguments and what each one is."""
+
+    names: tuple[str, ...]
+    n_pos: int  # how many can be given by position
+    kinds: tuple[str, ...]  # "T" tensor, "TL" tensor list, "I" int, "IL" ints, "B" bool,
+    # "N" number, "D" dtype, "S" str, "?" anything; a trailing "?" when None is accepted
+    defaults: tuple[Any, ...]
+    dims: tuple[int, ...]  # positions of the dim arguments
+    aligned: tuple[int, ...]  # positions of the tensors aligned with the batch dims
+    reduction: bool  # a reduction: no dim reduces each whole leaf
+    pointwise: bool  # this overload is elementwise (``max(td, other)``): not ours
+
+
+def _kind(typ: str) -> str:
+    opt = typ.startswith("Optional[")
+    if opt:
+        typ = typ[len("Optional[") : -1]
+    k = {
+        "Tensor": "T",
+        "List[Tensor]": "TL",
+        "int": "I",
+        "List[int]": "IL",
+        "bool": "B",
+        "float": "N",
+        "number": "N",
+        "ScalarType": "D",
+        "str": "S",
+    }.get(typ, "?")
+    return k + "?" if opt else k
+
+
+def _fits(kind: str, v: Any) -> bool:
+    if kind.endswith("?"):
+        if v is None:
+            return True
+        kind = kind[:-1]
+    if kind == "T":
+        return isinstance(v, Tensor) or is_node(v)
+    if kind == "I":
+        return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
+    if kind == "IL":
+        return (isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)) or isinstance(
+            v, (list, tuple, torch.Size)
+        )
+    if kind == "B":
+        return isinstance(v, bool)
+    if kind == "N":
+        return isinstance(v, (int, float, complex, torch.SymInt, torch.SymFloat))
+    if kind == "D":
+        return isinstance(v, torch.dtype)
+    if kind == "S":
+        return isinstance(v, str)
+    if kind == "TL":
+        return isinstance(v, (list, tuple))
+    return True
+
+
+def _is_dim(name: str, kind: str) -> bool:
+    return name in _DIM_NAMES and kind.rstrip("?") in ("I", "IL")
+
+
+def _aten_sigs(name: str, reduction: bool) -> tuple[_Sig, ...]:
+    """The ATen overloads of ``aten::<name>`` that take a tensor first and write nothing."""
+    packet = getattr(torch.ops.aten, name, None)
+    out = []
+    for s in torch._C._jit_get_schemas_for_operator("aten::" + name):
+        args = s.arguments
+        if not args or str(args[0].type) != "Tensor":
+            continue
+        if any(a.alias_info is not None and a.alias_info.is_write for a in args):
+            continue  # out= and in-place overloads
+        if "Dimname" in str(s):
+            continue  # named tensors
+        names = tuple(a.name for a in args)
+        kinds = tuple(_kind(str(a.real_type)) for a in args)
+        defaults = tuple(a.default_value if a.has_default_value() else _REQUIRED for a in args)
+        n_pos = sum(1 for a in args if not a.kwarg_only)
+        tags = packet.__getattr__(s.overload_name or "default").tags if packet else ()
+        out.append(
+            _Sig(
+                names,
+                n_pos,
+                kinds,
+                defaults,
+                tuple(i for i, (n, k) in enumerate(zip(names, kinds)) if _is_dim(n, k)),
+                tuple(
+                    i
+                    for i, (n, k) in enumerate(zip(names, kinds))
+                    if n in _ALIGN_NAMES and k[0] == "T"
+                )
+                if not name.startswith("index_")  # index_select's index is along one dim
+                else (),
+                reduction or torch.Tag.reduction in tags or "keepdim" in names,
+                torch.Tag.pointwise in tags,
+            )
+        )
+    return tuple(out)
+
+
+def _py_sig(func: Callable[..., Any], aten: tuple[_Sig, ...]) -> _Sig:
+    """A Python function's signature (``F.softmax``, ``torch.norm``): names and defaults
+    from Python, what each argument is from the ATen overloads of the same name."""
+    params = list(inspect.signature(func).parameters.values())
+    names = tuple(p.name for p in params)
+    kinds_by_name = {n: k for s in aten for n, k in zip(s.names, s.kinds)}
+    kinds = tuple(
+        "T" if i == 0 else kinds_by_name.get(n, "I?" if n in _DIM_NAMES else "?")
+        for i, n in enumerate(names)
+    )
+    return _Sig(
+        names,
+        sum(1 for p in params if p.kind <= inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        kinds,
+        tuple(p.default for p in params),
+        tuple(i for i, (n, k) in enumerate(zip(names, kinds)) if _is_dim(n, k)),
+        (),
+        any(s.reduction for s in aten),
+        False,
+    )
+
+
+def _bind(sigs: tuple[_Sig, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> _Sig | None:
+    """The first overload the arguments fit (by count, name and kind), as torch picks one."""
+    for s in sigs:
+        if len(args) > s.n_pos:
+            continue
+        if not all(_fits(s.kinds[i], v) for i, v in enumerate(args)):
+            continue
+        ok = True
+        for k, v in kwargs.items():
+            if k not in s.names:
+                ok = False
+                break
+            i = s.names.index(k)
+            if i < len(args) or not _fits(s.kinds[i], v):
+                ok = False
+                break
+        if not ok:
+            continue
+        if any(
+            d is _REQUIRED and i >= len(args) and n not in kwargs
+            for i, (n, d) in enumerate(zip(s.names, s.defaults))
+        ):
+            continue
+        return s
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# the family "over dims": reductions, scans, softmax, sorting, dim-wise shape / index ops
+# --------------------------------------------------------------------------------------
+def _align(t: Tensor, leaf: Tensor, bd: int) -> Tensor:
+    """A tensor with one dim per batch dim, expanded over ``leaf``'s feature dims."""
+    feat = leaf.shape[bd:]
+    if not feat:
+        return t
+    return t.reshape(t.shape + (1,) * len(feat)).expand(t.shape + feat)
+
+
+def _norm_dims(value: Any, bs: torch.Size) -> Any:
+    nd = max(len(bs), 1)  # a 0-d batch takes 0 and -1, as a 0-d tensor
+    if isinstance(value, (list, tuple, torch.Size)):
+        return [norm_dim(d, nd, bs) for d in value]
+    return norm_dim(value, nd, bs)
+
+
+def _is_all(value: Any) -> bool:
+    return value is None or (isinstance(value, (list, tuple)) and len(value) == 0)
+
+
+def _result(node: Any, outs: list[Any], first_leaf: Tensor, bd: int, whole: bool) -> Any:
+    """The container(s) of per-leaf results; the batch size read from the first result."""
+    r0 = outs[0]
+    if isinstance(r0, Tensor):
+        if whole:  # each whole leaf reduced: 0-d, or all-ones with keepdim
+            bs = r0.shape[:bd] if r0.ndim == first_leaf.ndim else torch.Size(())
+            return map_leaves(node, outs, bs, keep_extra=False)
+        feat = first_leaf.ndim - bd
+        return map_leaves(node, outs, r0.shape[: r0.ndim - feat])
+    # a tuple of tensors (a torch.return_types named tuple, or a list of pieces)
+    parts = [_result(node, [o[j] for o in outs], first_leaf, bd, whole) for j in range(len(r0))]
+    if hasattr(r0, "n_fields"):  # torch.return_types.*: the same type, holding containers
+        return type(r0)(parts)
+    return tuple(parts)
+
+
+def _over_dims(name: str, func: Callable[..., Any], sigs: tuple[_Sig, ...]) -> Callable[..., Any]:
+    """The rule of a torch function whose dim arguments name batch dims."""
+
+    def rule(*args: Any, **kwargs: Any) -> Any:
+        sig = _bind(sigs, args, kwargs)
+        if sig is None:  # let torch raise its own error for arguments no overload takes
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        if sig.pointwise:
+            return elementwise(func, args, kwargs)
+        node = args[0] if args else kwargs.get(sig.names[0])
+        if not is_node(node):
+            raise TypeError(E.BATCHDIM_SELF.format(op=name, typ=type(node).__name__))
+        return _lift(name, func, sig, node, list(args), dict(kwargs))
+
+    rule.__name__ = f"over_batch_dims[{name}]"
+    return rule
+
+
+def _lift(
+    name: str, func: Callable[..., Any], sig: _Sig, node: Any, args: list[Any], kw: dict[str, Any]
+) -> Any:
+    bs = node._batch_size
+    bd = len(bs)
+    whole = False
+    any_dim = False
+    for i in sig.dims:
+        n = sig.names[i]
+        if i < len(args):
+            value, at = args[i], i
+        elif n in kw:
+            value, at = kw[n], n
+        else:
+            value, at = sig.defaults[i], None
+            if value is _REQUIRED:
+                continue
+        if value is None or (at is None and _is_all(value)):
+            if sig.reduction:  # no dim: each whole leaf is reduced
+                whole = True
+                continue
+            raise ValueError(
+                E.BATCHDIM_NEEDS_DIM.format(op=name, arg=n, batch_size=tuple(bs), value=value)
+            )
+        if at is None:
+            at = n
+        any_dim = True
+        if _is_all(value) and sig.reduction:  # an explicit empty list: every batch dim
+            new: Any = list(range(bd))
+        else:
+            new = _norm_dims(value, bs)
+        if isinstance(at, int):
+            args[at] = new
+        else:
+            kw[at] = new
+    if bd == 0 and any_dim and not whole:
+        return _zero_d(name, func, sig, node, args, kw)
+    # the slots that change per leaf: the input, container operands, aligned index tensors
+    slots: list[tuple[int | str, Any, bool]] = []
+    for i, n in enumerate(sig.names):
+        if i < len(args):
+            v, at2 = args[i], i
+        elif n in kw:
+            v, at2 = kw[n], n
+        else:
+            continue
+        if i == 0:
+            continue
+        if is_node(v):
+            check_same_structure(node, v, name)
+            slots.append((at2, leaves(v), False))
+        elif i in sig.aligned and isinstance(v, Tensor):
+            if v.ndim != bd:
+                raise ValueError(
+                    E.BATCHDIM_ALIGN.format(
+                        op=name, arg=n, shape=tuple(v.shape), batch_size=tuple(bs)
+                    )
+                )
+            slots.append((at2, v, True))
+    ls = leaves(node)
+    probe = not ls
+    if probe:  # no leaves: the batch size from a meta tensor of the batch shape
+        ls = [torch.empty(bs, device="meta")]
+        slots = [(at2, v.to("meta"), al) for at2, v, al in slots if not isinstance(v, list)]
+    outs = []
+    self_at: int | str = 0 if args else sig.names[0]
+    for j, x in enumerate(ls):
+        if isinstance(self_at, int):
+            args[0] = x
+        else:
+            kw[self_at] = x
+        for at2, v, al in slots:
+            val = v[j] if isinstance(v, list) else _align(v, x, bd) if al else v
+            if isinstance(at2, int):
+                args[at2] = val
+            else:
+                kw[at2] = val
+        outs.append(func(*args, **kw))
+    if probe:
+        out = _result(node, outs, ls[0], bd, whole)
+        return _strip_probe(node, out)
+    return _result(node, outs, ls[0], bd, whole)
+
+
+def _strip_probe(node: Any, out: Any) -> Any:
+    if is_node(out):
+        return map_leaves(node, [], out._batch_size, keep_extra=False)
+    if hasattr(out, "n_fields"):
+        return type(out)([_strip_probe(node, o) for o in out])
+    return tuple(_strip_probe(node, o) for o in out)
+
+
+def _zero_d(
+    name: str, func: Callable[..., Any], sig: _Sig, node: Any, args: list[Any], kw: dict[str, Any]
+) -> Any:
+    """A container with ``batch_size=()`` and dim 0 / -1 (as a 0-d tensor takes them): the op
+    over a batch dim of size 1, which is then removed again when the op kept it."""
+    aligned = {sig.names[i] for i in sig.aligned}
+
+    def up(v: Any, aligned_slot: bool) -> Any:
+        if is_node(v):
+            return unsqueeze(v, 0)
+        if aligned_slot and isinstance(v, Tensor) and v.ndim == 0:
+            return v.unsqueeze(0)
+        return v
+
+    args = [up(v, i in sig.aligned) for i, v in enumerate(args)]
+    kw = {k: up(v, k in aligned) for k, v in kw.items()}
+    out = _lift(name, func, sig, args[0] if args else kw[sig.names[0]], args, kw)
+    return _down(out)
+
+
+def _down(out: Any) -> Any:
+    if is_node(out):
+        return squeeze(out, 0) if len(out._batch_size) == 1 else out
+    if hasattr(out, "n_fields"):
+        return type(out)([_down(o) for o in out])
+    return tuple(_down(o) for o in out)
+
+
+# --------------------------------------------------------------------------------------
+# the other families
+# --------------------------------------------------------------------------------------
+def _sizes_arg(sizes: tuple[Any, ...]) -> tuple[Any, ...]:
+    if len(sizes) == 1 and isinstance(sizes[0], (list, tuple, torch.Size)):
+        return tuple(sizes[0])
+    return tuple(sizes)
+
+
+def repeat(node: Any, *sizes: Any) -> Any:
+    """Repeat along the batch dims (one count per batch dim, more add leading batch dims).
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(2, 3), batch_size=[2])
+        >>> repeat(td, 3)["a"].shape
+        torch.Size([6, 3])
+    """
+    bs = node._batch_size
+    reps = _sizes_arg(sizes)
+    if len(reps) < len(bs):
+        raise ValueError(
+            E.BATCHDIM_SIZES.format(
+                op="repeat", sizes="repeats", n=len(reps), bd=len(bs), batch_size=tuple(bs)
+            )
+        )
+    return _map_shape(node, lambda x: x.repeat(*reps, *(1,) * (x.ndim - len(bs))))
+
+
+def tile(node: Any, *sizes: Any) -> Any:
+    """``torch.tile`` over the batch dims: fewer counts than batch dims count from the last.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(2, 3, 4), batch_size=[2, 3])
+        >>> tile(td, (2,))["a"].shape
+        torch.Size([2, 6, 4])
+    """
+    bs = node._batch_size
+    reps = _sizes_arg(sizes)
+    reps = (1,) * (len(bs) - len(reps)) + reps
+    return _map_shape(node, lambda x: x.repeat(*reps, *(1,) * (x.ndim - len(bs))))
+
+
+def expand_as(node: Any, other: Any) -> Any:
+    """Expand the batch dims to ``other``'s batch size (a container) or shape (a tensor)."""
+    return expand(node, other._batch_size if is_node(other) else other.shape)
+
+
+def masked_select(node: Any, mask: Tensor) -> Any:
+    """The batch entries where ``mask`` (of the batch size) is true: ``td[mask]``, with
+    ``batch_size=[n_selected]``.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.arange(6.0).reshape(3, 2), batch_size=[3])
+        >>> masked_select(td, torch.tensor([True, False, True]))["a"].tolist()
+        [[0.0, 1.0], [4.0, 5.0]]
+    """
+    if not isinstance(mask, Tensor) or mask.shape != node._batch_size:
+        raise ValueError(
+            E.BATCHDIM_MASK.format(
+                op="masked_select",
+                shape=tuple(getattr(mask, "shape", ())),
+                batch_size=tuple(node._batch_size),
+            )
+        )
+    return index(node, mask.to(torch.bool))
+
+
+def pad(node: Any, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Any:
+    """Constant padding of the last batch dims (``pad`` as in ``F.pad``: ``(left, right)``
+    of the last batch dim first); feature dims are not padded.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.ones(2, 3), batch_size=[2])
+        >>> pad(td, [1, 0])["a"][:, 0].tolist()
+        [0.0, 1.0, 1.0]
+    """
+    bs = node._batch_size
+    pads = tuple(pad)
+    if mode != "constant":
+        what = f"mode {mode!r} pads the last dims of each leaf, which are feature dims"
+        raise ValueError(E.BATCHDIM_PAD.format(op="pad", what=what, batch_size=tuple(bs)))
+    if len(pads) % 2 or len(pads) // 2 > len(bs):
+        what = f"{len(pads)} pad values do not fit {len(bs)} batch dims"
+        raise ValueError(E.BATCHDIM_PAD.format(op="pad", what=what, batch_size=tuple(bs)))
+    fill = 0.0 if value is None else value
+
+    def f(x: Tensor) -> Tensor:
+        return torch.constant_pad_nd(x, (0, 0) * (x.ndim - len(bs)) + pads, fill)
+
+    return _map_shape(node, f)
+
+
+def pad_sequence(
+    sequences: Sequence[Any],
+    batch_first: bool = False,
+    padding_value: float = 0.0,
+    padding_side: str = "right",
+) -> Any:
+    """``torch.nn.utils.rnn.pad_sequence`` of containers of one structure: padded along their
+    first batch dim and stacked (``batch_size=[B, L, ...]`` with ``batch_first``, else
+    ``[L, B, ...]``).
+
+    Example:
+        >>> import torch, tdfunc
+        >>> a = tdfunc.TensorDict(x=torch.ones(2, 3), batch_size=[2])
+        >>> b = tdfunc.TensorDict(x=torch.ones(4, 3), batch_size=[4])
+        >>> pad_sequence([a, b], batch_first=True).batch_size
+        torch.Size([2, 4])
+    """
+    nodes = list(sequences)
+    first = nodes[0]
+    for n in nodes[1:]:
+        check_same_structure(first, n, "pad_sequence")
+    for n in nodes:
+        if not n._batch_size:
+            raise RuntimeError(E.NEEDS_A_BATCH_DIM.format(op="pad_sequence"))
+    columns = [leaves(n) for n in nodes]
+    out = [
+        torch._C._nn.pad_sequence(list(c), batch_first, padding_value, padding_side)
+        for c in zip(*columns)
+    ]
+    lens = [n._batch_size[0] for n in nodes]
+    rest = first._batch_size[1:]
+    longest = max(lens)
+    bs = torch.Size([len(nodes), longest, *rest] if batch_first else [longest, len(nodes), *rest])
+    check_batch_invariant(first, out, bs, "pad_sequence")
+    return map_leaves(first, out, bs)
+
+
+# --------------------------------------------------------------------------------------
+# reductions with the signature of the container methods (``td.sum(dim, keepdim)``)
+# --------------------------------------------------------------------------------------
+def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
+    """Reduce every leaf with ``torch.<name>``.
+
+    With ``dim=None`` each leaf is reduced whole (the result has ``batch_size=()``, 0-d leaves);
+    with ``dim`` (an int or a tuple of batch dims) only those batch dims are reduced.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.ones(4, 3), batch_size=[4])
+        >>> td.sum(dim=0)["a"].tolist(), td.sum()["a"].item()
+        ([4.0, 4.0, 4.0], 12.0)
+    """
+    fn = getattr(torch, name)
+    if dim is None:
+        return map_leaves(
+            node, [fn(x, **kwargs) for x in leaves(node)], torch.Size(()), keep_extra=False
+        )
+    bs = node._batch_size
+    asked = dim if isinstance(dim, (tuple, list)) else (dim,)
+    dims = sorted({_norm_dims(d, bs) for d in asked})
+    if name in _ONE_DIM:  # torch takes one dim: reduce them one at a time, the last first
+        out = node
+        for d in reversed(dims):
+            out = _RULES[fn](out, d, keepdim=keepdim, **kwargs)
+        return out
+    return _RULES[fn](node, dims, keepdim=keepdim, **kwargs)
+
+
+#: reductions whose torch function takes a single dim
+_ONE_DIM = frozenset({"prod", "all", "any"})
+
+
+def all_(node: Any, dim: Any = None) -> Any:
+    """0-d bool tensor: every element of every leaf is true (or a node reduced over ``dim``)."""
+    if dim is not None:
+        return reduce(node, "all", dim)
+    ls = leaves(node)
+    if not ls:
+        return torch.tensor(True)
+    return torch.stack([x.all() for x in ls]).all()
+
+
+def any_(node: Any, dim: Any = None) -> Any:
+    """0-d bool tensor: some element of some leaf is true (or a node reduced over ``dim``)."""
+    if dim is not None:
+        return reduce(node, "any", dim)
+    ls = leaves(node)
+    if not ls:
+        return torch.tensor(False)
+    return torch.stack([x.any() for x in ls]).any()
+
+
+# --------------------------------------------------------------------------------------
+# the table
+# --------------------------------------------------------------------------------------
+#: the families, by ATen name (the rule is the same for every name of a family; what each
+#: argument is comes from the name's schemas)
+FAMILIES: dict[str, list[str]] = {
+    "reductions": [
+        "sum",
+        "mean",
+        "nansum",
+        "nanmean",
+        "prod",
+        "amax",
+        "amin",
+        "aminmax",
+        "std",
+        "var",
+        "std_mean",
+        "var_mean",
+        "all",
+        "any",
+        "argmax",
+        "argmin",
+        "count_nonzero",
+        "logsumexp",
+        "norm",
+        "linalg_vector_norm",
+        "max",
+        "min",
+        "median",
+        "nanmedian",
+        "mode",
+        "kthvalue",
+        "quantile",
+        "nanquantile",
+        "hash_tensor",
+        "special_logsumexp",
+    ],
+    "scans": ["cumsum", "cumprod", "cummax", "cummin", "logcumsumexp"],
+    "softmax": ["softmax", "log_softmax", "special_softmax", "special_log_softmax"],
+    "sorting": ["sort", "argsort", "topk", "msort"],
+    "shape": [
+        "flip",
+        "roll",
+        "rot90",
+        "narrow",
+        "movedim",
+        "moveaxis",
+        "swapdims",
+        "swapaxes",
+        "tensor_split",
+        "repeat_interleave",
+    ],
+    "index": [
+        "gather",
+        "scatter",
+        "scatter_add",
+        "scatter_reduce",
+        "index_select",
+        "take_along_dim",
+    ],
+    "sizes": ["repeat", "tile"],
+    "other": ["expand_as", "masked_select", "pad", "constant_pad_nd", "pad_sequence"],
+}
+
+_SPECIAL: dict[str, Callable[..., Any]] = {
+    "repeat": repeat,
+    "tile": tile,
+    "expand_as": expand_as,
+    "masked_select": masked_select,
+}
+
+
+def _pad_rule(input: Any, pad: Sequence[int], mode: str = "constant", value: Any = None) -> Any:
+    if not is_node(input):
+        raise TypeError(E.BATCHDIM_SELF.format(op="pad", typ=type(input).__name__))
+    return _PAD(input, pad, mode, value)
+
+
+_PAD = pad
+
+
+def _constant_pad_nd(input: Any, pad: Sequence[int], value: Any = 0) -> Any:
+    return _pad_rule(input, pad, "constant", value)
+
+
+def _pad_sequence_rule(
+    sequences: Any,
+    batch_first: bool = False,
+    padding_value: float = 0.0,
+    padding_side: str = "right",
+) -> Any:
+    return pad_sequence(sequences, batch_first, padding_value, padding_side)
+
+
+def _functions(name: str) -> list[Any]:
+    """The torch callables named ``name`` (``torch.x``, ``Tensor.x``, ``special`` / ``linalg``
+    / ``nn.functional`` spellings)."""
+    out = []
+    for ns, n in (
+        (torch, name),
+        (Tensor, name),
+        (torch.special, name.removeprefix("special_")),
+        (torch.linalg, name.removeprefix("linalg_")),
+        (F, name),
+    ):
+        if ns in (torch.special, torch.linalg) and n == name:
+            continue
+        f = getattr(ns, n, None)
+        if callable(f) and not isinstance(f, type):
+            out.append(f)
+    return out
+
+
+def _build() -> dict[Any, Callable[..., Any]]:
+    table: dict[Any, Callable[..., Any]] = {}
+    for family, names in FAMILIES.items():
+        for name in names:
+            if family == "other" or family == "sizes":
+                continue
+            reduction = family == "reductions"
+            aten = _aten_sigs(name, reduction)
+            for f in _functions(name):
+                if f in table:
+                    continue
+                try:
+                    sigs = (_py_sig(f, aten),) if inspect.isfunction(f) else aten
+                except (TypeError, ValueError):
+                    sigs = aten
+                if sigs:
+                    table[f] = _over_dims(name, f, sigs)
+    for name, rule in _SPECIAL.items():
+        for f in _functions(name):
+            table[f] = rule
+    table[F.pad] = _pad_rule
+    table[torch.constant_pad_nd] = _constant_pad_nd
+    table[torch.nn.utils.rnn.pad_sequence] = _pad_sequence_rule
+    table[torch._C._nn.pad_sequence] = _pad_sequence_rule
+    return table
+
+
+_RULES: dict[Any, Callable[..., Any]] = _build()
+
+
+def rule_for(func: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The rule that lifts ``func`` over a container's batch dims, or ``None`` when ``func``
+    is not of these families. The rule is called as ``func`` is (``rule(*args, **kwargs)``).
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.arange(6.0).reshape(3, 2), batch_size=[3])
+        >>> rule_for(torch.cumsum)(td, 0)["a"][:, 0].tolist()
+        [0.0, 2.0, 6.0]
+        >>> rule_for(torch.exp) is None
+        True
+    """
+    return _RULES.get(func)
+
+
+#: container methods that are sugar over these rules: method name -> torch function
+METHODS: dict[str, Callable[..., Any]] = {
+    name: getattr(torch, name)
+    for family, names in FAMILIES.items()
+    for name in names
+    if family != "other"
+    and not name.startswith(("special_", "linalg_"))
+    and hasattr(Tensor, name)
+    and getattr(torch, name, None) in _RULES
+} | {
+    "expand_as": torch.Tensor.expand_as,
+    "masked_select": torch.masked_select,
+    "repeat": Tensor.repeat,
+}
