@@ -248,3 +248,7 @@ BATCHDIM_SELF = (
     "{op}: the container must be the input (first argument), got {typ}; use "
     "td.apply(...) to call it with the leaves elsewhere"
 )
+BATCHDIM_NO_OVERLOAD = (
+    "{op}: no overload of torch.{op} takes these arguments ({args}); see torch's signature "
+    "of {op}, whose dims name the container's batch dims"
+)

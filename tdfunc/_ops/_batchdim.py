@@ -72,6 +72,8 @@ class _Sig(NamedTuple):
     aligned: tuple[int, ...]  # positions of the tensors aligned with the batch dims
     reduction: bool  # a reduction: no dim reduces each whole leaf
     pointwise: bool  # this overload is elementwise (``max(td, other)``): not ours
+    checks: tuple[Callable[[Any], bool], ...] = ()  # what each argument accepts (by kind)
+    operands: tuple[int, ...] = ()  # positions after the input that can hold a tensor
 
 
 def _kind(typ: str) -> str:
@@ -92,30 +94,37 @@ def _kind(typ: str) -> str:
     return k + "?" if opt else k
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
+
+
+#: what each kind of argument accepts
+_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "T": lambda v: isinstance(v, Tensor) or is_node(v),
+    "I": _is_int,
+    "IL": lambda v: _is_int(v) or isinstance(v, (list, tuple, torch.Size)),
+    "B": lambda v: isinstance(v, bool),
+    "N": lambda v: isinstance(v, (int, float, complex, torch.SymInt, torch.SymFloat)),
+    "D": lambda v: isinstance(v, torch.dtype),
+    "S": lambda v: isinstance(v, str),
+    "TL": lambda v: isinstance(v, (list, tuple)),
+    "?": lambda v: True,
+}
+
+
+def _check_of(kind: str) -> Callable[[Any], bool]:
+    base = _CHECKS[kind.rstrip("?")] if kind != "?" else _CHECKS["?"]
+    if kind.endswith("?") and kind != "?":
+        return lambda v: v is None or base(v)
+    return base
+
+
 def _fits(kind: str, v: Any) -> bool:
-    if kind.endswith("?"):
-        if v is None:
-            return True
-        kind = kind[:-1]
-    if kind == "T":
-        return isinstance(v, Tensor) or is_node(v)
-    if kind == "I":
-        return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
-    if kind == "IL":
-        return (isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)) or isinstance(
-            v, (list, tuple, torch.Size)
-        )
-    if kind == "B":
-        return isinstance(v, bool)
-    if kind == "N":
-        return isinstance(v, (int, float, complex, torch.SymInt, torch.SymFloat))
-    if kind == "D":
-        return isinstance(v, torch.dtype)
-    if kind == "S":
-        return isinstance(v, str)
-    if kind == "TL":
-        return isinstance(v, (list, tuple))
-    return True
+    return _check_of(kind)(v)
+
+
+def _operands(kinds: tuple[str, ...]) -> tuple[int, ...]:
+    return tuple(i for i, k in enumerate(kinds) if i > 0 and k[0] in "T?")
 
 
 def _is_dim(name: str, kind: str) -> bool:
@@ -155,6 +164,8 @@ def _aten_sigs(name: str, reduction: bool) -> tuple[_Sig, ...]:
                 else (),
                 reduction or torch.Tag.reduction in tags or "keepdim" in names,
                 torch.Tag.pointwise in tags,
+                tuple(_check_of(k) for k in kinds),
+                _operands(kinds),
             )
         )
     return tuple(out)
@@ -167,7 +178,7 @@ def _py_sig(func: Callable[..., Any], aten: tuple[_Sig, ...]) -> _Sig:
     names = tuple(p.name for p in params)
     kinds_by_name = {n: k for s in aten for n, k in zip(s.names, s.kinds)}
     kinds = tuple(
-        "T" if i == 0 else kinds_by_name.get(n, "I?" if n in _DIM_NAMES else "?")
+        "T" if i == 0 else kinds_by_name.get(n, "I").rstrip("?") + "?" if n in _DIM_NAMES else "?"
         for i, n in enumerate(names)
     )
     return _Sig(
@@ -179,15 +190,24 @@ def _py_sig(func: Callable[..., Any], aten: tuple[_Sig, ...]) -> _Sig:
         (),
         any(s.reduction for s in aten),
         False,
+        tuple(_check_of(k) for k in kinds),
+        _operands(kinds),
     )
 
 
-def _bind(sigs: tuple[_Sig, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> _Sig | None:
-    """The first overload the arguments fit (by count, name and kind), as torch picks one."""
+def _bind(
+    sigs: tuple[_Sig, ...], args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[_Sig | None, Sequence[Any]]:
+    """The first overload the arguments fit (by count, name and kind), as torch picks one,
+    and the positional arguments as that overload takes them."""
     for s in sigs:
-        if len(args) > s.n_pos:
-            continue
-        if not all(_fits(s.kinds[i], v) for i, v in enumerate(args)):
+        a = args
+        if len(a) > s.n_pos:
+            if not (s.n_pos == 2 and s.kinds[1] == "IL" and all(_fits("I", v) for v in a[1:])):
+                continue
+            a = (a[0], list(a[1:]))  # ``x.flip(0, 1)``: the int list given as varargs
+        checks = s.checks
+        if not all(checks[i](v) for i, v in enumerate(a)):
             continue
         ok = True
         for k, v in kwargs.items():
@@ -195,18 +215,18 @@ def _bind(sigs: tuple[_Sig, ...], args: Sequence[Any], kwargs: dict[str, Any]) -
                 ok = False
                 break
             i = s.names.index(k)
-            if i < len(args) or not _fits(s.kinds[i], v):
+            if i < len(a) or not checks[i](v):
                 ok = False
                 break
         if not ok:
             continue
         if any(
-            d is _REQUIRED and i >= len(args) and n not in kwargs
+            d is _REQUIRED and i >= len(a) and n not in kwargs
             for i, (n, d) in enumerate(zip(s.names, s.defaults))
         ):
             continue
-        return s
-    return None
+        return s, a
+    return None, args
 
 
 # --------------------------------------------------------------------------------------
@@ -218,6 +238,17 @@ def _align(t: Tensor, leaf: Tensor, bd: int) -> Tensor:
     if not feat:
         return t
     return t.reshape(t.shape + (1,) * len(feat)).expand(t.shape + feat)
+
+
+def _get(args: list[Any], kw: dict[str, Any], i: int, name: str) -> Any:
+    return args[i] if i < len(args) else kw[name]
+
+
+def _put(args: list[Any], kw: dict[str, Any], i: int, name: str, value: Any) -> None:
+    if i < len(args):
+        args[i] = value
+    else:
+        kw[name] = value
 
 
 def _norm_dims(value: Any, bs: torch.Size) -> Any:
@@ -251,10 +282,14 @@ def _over_dims(name: str, func: Callable[..., Any], sigs: tuple[_Sig, ...]) -> C
     """The rule of a torch function whose dim arguments name batch dims."""
 
     def rule(*args: Any, **kwargs: Any) -> Any:
-        sig = _bind(sigs, args, kwargs)
-        if sig is None:  # let torch raise its own error for arguments no overload takes
-            with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **kwargs)
+        sig, args = _bind(sigs, args, kwargs)
+        if sig is None:
+            raise TypeError(
+                E.BATCHDIM_NO_OVERLOAD.format(
+                    op=name,
+                    args=", ".join([type(a).__name__ for a in args] + [f"{k}=" for k in kwargs]),
+                )
+            )
         if sig.pointwise:
             return elementwise(func, args, kwargs)
         node = args[0] if args else kwargs.get(sig.names[0])
@@ -275,48 +310,34 @@ def _lift(
     any_dim = False
     for i in sig.dims:
         n = sig.names[i]
-        if i < len(args):
-            value, at = args[i], i
-        elif n in kw:
-            value, at = kw[n], n
-        else:
-            value, at = sig.defaults[i], None
-            if value is _REQUIRED:
-                continue
-        if value is None or (at is None and _is_all(value)):
+        given = i < len(args) or n in kw
+        value = _get(args, kw, i, n) if given else sig.defaults[i]
+        if value is _REQUIRED:
+            continue
+        if value is None or (not given and _is_all(value)):
             if sig.reduction:  # no dim: each whole leaf is reduced
                 whole = True
                 continue
             raise ValueError(
                 E.BATCHDIM_NEEDS_DIM.format(op=name, arg=n, batch_size=tuple(bs), value=value)
             )
-        if at is None:
-            at = n
         any_dim = True
         if _is_all(value) and sig.reduction:  # an explicit empty list: every batch dim
-            new: Any = list(range(bd))
+            _put(args, kw, i, n, list(range(bd)))
         else:
-            new = _norm_dims(value, bs)
-        if isinstance(at, int):
-            args[at] = new
-        else:
-            kw[at] = new
+            _put(args, kw, i, n, _norm_dims(value, bs))
     if bd == 0 and any_dim and not whole:
         return _zero_d(name, func, sig, node, args, kw)
-    # the slots that change per leaf: the input, container operands, aligned index tensors
-    slots: list[tuple[int | str, Any, bool]] = []
-    for i, n in enumerate(sig.names):
-        if i < len(args):
-            v, at2 = args[i], i
-        elif n in kw:
-            v, at2 = kw[n], n
-        else:
+    # the slots that change per leaf: container operands and aligned index tensors
+    slots: list[tuple[int, str, Any, bool]] = []
+    for i in sig.operands:
+        n = sig.names[i]
+        if not (i < len(args) or n in kw):
             continue
-        if i == 0:
-            continue
+        v = _get(args, kw, i, n)
         if is_node(v):
             check_same_structure(node, v, name)
-            slots.append((at2, leaves(v), False))
+            slots.append((i, n, leaves(v), False))
         elif i in sig.aligned and isinstance(v, Tensor):
             if v.ndim != bd:
                 raise ValueError(
@@ -324,38 +345,22 @@ def _lift(
                         op=name, arg=n, shape=tuple(v.shape), batch_size=tuple(bs)
                     )
                 )
-            slots.append((at2, v, True))
+            slots.append((i, n, v, True))
     ls = leaves(node)
-    probe = not ls
-    if probe:  # no leaves: the batch size from a meta tensor of the batch shape
+    if not ls:  # no leaves: the batch size from a meta tensor of the batch shape
         ls = [torch.empty(bs, device="meta")]
-        slots = [(at2, v.to("meta"), al) for at2, v, al in slots if not isinstance(v, list)]
+        slots = [(i, n, v.to("meta"), al) for i, n, v, al in slots if not isinstance(v, list)]
+    if not slots and args:  # the common case: only the input changes from leaf to leaf
+        rest = args[1:]
+        return _result(node, [func(x, *rest, **kw) for x in ls], ls[0], bd, whole)
     outs = []
-    self_at: int | str = 0 if args else sig.names[0]
+    self_name = sig.names[0]
     for j, x in enumerate(ls):
-        if isinstance(self_at, int):
-            args[0] = x
-        else:
-            kw[self_at] = x
-        for at2, v, al in slots:
-            val = v[j] if isinstance(v, list) else _align(v, x, bd) if al else v
-            if isinstance(at2, int):
-                args[at2] = val
-            else:
-                kw[at2] = val
+        _put(args, kw, 0, self_name, x)
+        for i, n, v, al in slots:
+            _put(args, kw, i, n, v[j] if isinstance(v, list) else _align(v, x, bd) if al else v)
         outs.append(func(*args, **kw))
-    if probe:
-        out = _result(node, outs, ls[0], bd, whole)
-        return _strip_probe(node, out)
     return _result(node, outs, ls[0], bd, whole)
-
-
-def _strip_probe(node: Any, out: Any) -> Any:
-    if is_node(out):
-        return map_leaves(node, [], out._batch_size, keep_extra=False)
-    if hasattr(out, "n_fields"):
-        return type(out)([_strip_probe(node, o) for o in out])
-    return tuple(_strip_probe(node, o) for o in out)
 
 
 def _zero_d(
@@ -508,7 +513,12 @@ def pad_sequence(
             raise RuntimeError(E.NEEDS_A_BATCH_DIM.format(op="pad_sequence"))
     columns = [leaves(n) for n in nodes]
     out = [
-        torch._C._nn.pad_sequence(list(c), batch_first, padding_value, padding_side)
+        torch._C._nn.pad_sequence(
+            list(c),
+            batch_first,
+            padding_value,
+            padding_side,  # type: ignore[arg-type]
+        )
         for c in zip(*columns)
     ]
     lens = [n._batch_size[0] for n in nodes]
@@ -733,17 +743,12 @@ def rule_for(func: Callable[..., Any]) -> Callable[..., Any] | None:
     return _RULES.get(func)
 
 
-#: container methods that are sugar over these rules: method name -> torch function
+#: container methods that are sugar over these rules: method name -> the ``Tensor`` method it
+#: mirrors (a method takes its arguments as the tensor method does: ``td.flip(0, 1)``); the
+#: method calls ``rule_for(METHODS[name])`` with the container first
 METHODS: dict[str, Callable[..., Any]] = {
-    name: getattr(torch, name)
-    for family, names in FAMILIES.items()
+    name: getattr(Tensor, name)
+    for names in FAMILIES.values()
     for name in names
-    if family != "other"
-    and not name.startswith(("special_", "linalg_"))
-    and hasattr(Tensor, name)
-    and getattr(torch, name, None) in _RULES
-} | {
-    "expand_as": torch.Tensor.expand_as,
-    "masked_select": torch.masked_select,
-    "repeat": Tensor.repeat,
+    if getattr(Tensor, name, None) in _RULES
 }
