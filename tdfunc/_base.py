@@ -56,6 +56,12 @@ class Container(Node):
         """The device every leaf lives on, or None when not fixed."""
         return self._device
 
+    @property
+    def layout(self) -> torch.layout | None:
+        """The layout every leaf has (``torch.strided`` for a container without leaves), or
+        ``None`` when leaves differ. Python-level torch functions read it (``torch.masked``)."""
+        return ops.common_layout(self)
+
     def numel(self) -> int:
         """Product of the batch size."""
         n = 1

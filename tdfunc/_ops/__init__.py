@@ -37,6 +37,7 @@ from .._tree import leaves_with_paths as leaves_with_paths
 from .._tree import map_leaves as map_leaves
 from .._tree import same_structure as same_structure
 from ._batchdim import all_, any_, reduce
+from ._batchdim import common_layout as common_layout
 from ._indexing import _ROW_DTYPES as _ROW_DTYPES
 from ._indexing import AtIndexer, index, index_update
 from ._indexing import _AtRef as _AtRef

@@ -282,7 +282,7 @@ def _over_dims(name: str, func: Callable[..., Any], sigs: tuple[_Sig, ...]) -> C
     """The rule of a torch function whose dim arguments name batch dims."""
 
     def rule(*args: Any, **kwargs: Any) -> Any:
-        sig, args = _bind(sigs, args, kwargs)
+        sig, bound = _bind(sigs, args, kwargs)
         if sig is None:
             raise TypeError(
                 E.BATCHDIM_NO_OVERLOAD.format(
@@ -291,11 +291,11 @@ def _over_dims(name: str, func: Callable[..., Any], sigs: tuple[_Sig, ...]) -> C
                 )
             )
         if sig.pointwise:
-            return elementwise(func, args, kwargs)
-        node = args[0] if args else kwargs.get(sig.names[0])
+            return elementwise(func, bound, kwargs)
+        node = bound[0] if bound else kwargs.get(sig.names[0])
         if not is_node(node):
             raise TypeError(E.BATCHDIM_SELF.format(op=name, typ=type(node).__name__))
-        return _lift(name, func, sig, node, list(args), dict(kwargs))
+        return _lift(name, func, sig, node, list(bound), dict(kwargs))
 
     rule.__name__ = f"over_batch_dims[{name}]"
     return rule
@@ -529,6 +529,30 @@ def pad_sequence(
     return map_leaves(first, out, bs)
 
 
+def common_layout(node: Any) -> torch.layout | None:
+    """The layout of every leaf (``torch.strided`` without leaves), ``None`` when they differ.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> common_layout(tdfunc.TensorDict(a=torch.zeros(2)))
+        torch.strided
+    """
+    found = {x.layout for x in leaves(node)}
+    if not found:
+        return torch.strided
+    return found.pop() if len(found) == 1 else None
+
+
+def _every_leaf(pred: str) -> Callable[..., bool]:
+    """``torch.is_floating_point(td)`` / ``is_complex``: true when every leaf is (the query
+    the Python-level reductions of ``torch.masked`` make before they call torch)."""
+
+    def rule(input: Any) -> bool:
+        return all(getattr(x, pred)() for x in leaves(input))
+
+    return rule
+
+
 # --------------------------------------------------------------------------------------
 # reductions with the signature of the container methods (``td.sum(dim, keepdim)``)
 # --------------------------------------------------------------------------------------
@@ -718,6 +742,9 @@ def _build() -> dict[Any, Callable[..., Any]]:
     for name, rule in _SPECIAL.items():
         for f in _functions(name):
             table[f] = rule
+    for pred in ("is_floating_point", "is_complex"):
+        for f in _functions(pred):
+            table[f] = _every_leaf(pred)
     table[F.pad] = _pad_rule
     table[torch.constant_pad_nd] = _constant_pad_nd
     table[torch.nn.utils.rnn.pad_sequence] = _pad_sequence_rule
