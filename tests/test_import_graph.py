@@ -145,6 +145,44 @@ def test_distributed_has_no_cycle_even_through_deferred_imports() -> None:
     assert cycle is None, "import cycle (counting deferred imports): " + " -> ".join(cycle or [])
 
 
+def test_no_cycle_even_through_deferred_imports() -> None:
+    """Nowhere in the package does an import inside a function hide a dependency that goes
+    both ways (``memmap``'s leaf class and its pickling and writing helpers had one)."""
+    cycle = find_cycle(import_graph(deferred=True))
+    assert cycle is None, "import cycle (counting deferred imports): " + " -> ".join(cycle or [])
+
+
+def test_no_module_imports_the_public_package() -> None:
+    """Only ``tdfunc/__init__.py`` sits on top: no module imports a name from the public
+    package (``from tdfunc import x``, ``from ... import x``), even inside a function; it
+    imports the module that defines the name."""
+    upward = sorted(
+        name
+        for name, deps in import_graph(deferred=True).items()
+        if PACKAGE in deps and name != PACKAGE
+    )
+    assert upward == [], f"modules importing the public package {PACKAGE!r}: {upward}"
+
+
+def test_the_checks_see_a_deferred_cycle_and_an_upward_import(tmp_path: Path) -> None:
+    """The two checks above fail on a package that has a deferred cycle and an import of its
+    public package (the graph reader, not only the search, is exercised)."""
+    pkg = tmp_path / PACKAGE
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("from . import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from . import a\n    from .. import x\n")
+    modules = {
+        ".".join(p.relative_to(tmp_path).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in sorted(pkg.rglob("*.py"))
+    }
+    graph = {n: _edges(n, p, modules, True) for n, p in modules.items()}
+    assert find_cycle(graph) == ["tdfunc.sub.a", "tdfunc.sub.b", "tdfunc.sub.a"]
+    assert PACKAGE in graph["tdfunc.sub.b"]
+    assert find_cycle({n: _edges(n, p, modules, False) for n, p in modules.items()}) is None
+
+
 def test_the_cycle_finder_finds_one() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
     assert find_cycle(graph) == ["a", "b", "c", "a"]

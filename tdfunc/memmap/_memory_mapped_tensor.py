@@ -26,9 +26,9 @@ from . import _errors as E
 from ._leafspec import as_shape, check_leaf, check_mode, dtype_name, nbytes_of
 from ._mapping import leaf_tensor, map_fd, mapped_identity, open_fd
 from ._op_rules import _KINDS, _META, _PLAIN, _READ, _WRITE, _arg, _kind, _mapped, _op_info
-from ._pickling import _rebuild
+from ._pickling import remap
 from ._readonly import ReadOnlyStorage, ReadOnlyTypedStorage
-from ._writing import _atomic_file, write_tensor
+from ._writing import _atomic_file, write_plain
 
 
 def _unwrap(x: Any) -> Any:
@@ -37,6 +37,30 @@ def _unwrap(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return type(x)(_unwrap(v) for v in x)
     return x
+
+
+def write_tensor(fd: int, t: Tensor, bar: Any) -> None:
+    """Write ``t``'s elements (a plain tensor or a leaf: its mapped bytes, read directly) in
+    row-major order as raw bytes at the current position of ``fd``."""
+    write_plain(fd, t._inner if isinstance(t, MemoryMappedTensor) else t, bar)
+
+
+def _rebuild(
+    filename: str,
+    mode: str,
+    offset: int,
+    nbytes: int,
+    dtype: str,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    storage_offset: int,
+    ident: tuple[Any, ...] | None = None,
+) -> MemoryMappedTensor:
+    """Unpickle a leaf: map the file again (:func:`._pickling.remap`, which checks it is
+    still the file the sender mapped) and wrap the tensor over it."""
+    args = (filename, mode, offset, nbytes, dtype, shape, stride, storage_offset, ident)
+    inner, ident = remap(*args)
+    return MemoryMappedTensor._wrap(inner, filename, mode, offset, ident)
 
 
 def _refuse_if_read_only(value: Any, func: Any) -> None:

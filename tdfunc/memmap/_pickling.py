@@ -1,7 +1,9 @@
-"""Unpickling a leaf: :func:`_rebuild` maps the file again, after checking that it is still
-the file the sender mapped. ``MemoryMappedTensor.__reduce_ex__`` sends the arguments.
+"""Unpickling a leaf: :func:`remap` maps the file again, after checking that it is still
+the file the sender mapped, and returns the plain tensor over it. The class module's
+``_rebuild`` (what ``MemoryMappedTensor.__reduce_ex__`` names) wraps it; this module sits
+below the class and never imports it.
 
-Pickles made before this module existed name ``tdfunc.memmap._tensor._rebuild``, which
+Pickles made by earlier versions name ``tdfunc.memmap._tensor._rebuild``, which
 ``_tensor.py`` re-exports: keep it importable from there.
 """
 
@@ -10,20 +12,18 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from torch import Tensor
 
 from . import _errors as E
 from ._leafspec import DTYPES, check_mode
 from ._mapping import map_fd, open_fd
 from ._readonly import protect
 
-if TYPE_CHECKING:
-    from ._memory_mapped_tensor import MemoryMappedTensor
 
-
-def _rebuild(
+def remap(
     filename: str,
     mode: str,
     offset: int,
@@ -33,19 +33,17 @@ def _rebuild(
     stride: tuple[int, ...],
     storage_offset: int,
     ident: tuple[Any, ...] | None = None,
-) -> MemoryMappedTensor:
-    """Unpickle a leaf: map the file again (no data travelled), after checking that the file
-    at ``filename`` is still the one the sender mapped (``StoreReplacedError`` otherwise)."""
-    # imported here: the class module imports this one (module-level imports form a DAG)
-    from ._memory_mapped_tensor import MemoryMappedTensor
-
+) -> tuple[Tensor, tuple[Any, ...] | None]:
+    """Map a pickled leaf's file again (no data travelled), after checking that the file at
+    ``filename`` is still the one the sender mapped (``StoreReplacedError`` otherwise):
+    the protected plain tensor over its bytes and the file's identity."""
     dt = DTYPES[dtype]
     check_mode(mode)
     if nbytes == 0:
         inner = torch.empty(0, dtype=dt).set_(
             torch.UntypedStorage(0), storage_offset, shape, stride
         )
-        return MemoryMappedTensor._wrap(protect(inner, mode, filename), filename, mode, offset)
+        return protect(inner, mode, filename), None
     try:
         fd = open_fd(filename, mode)
     except FileNotFoundError:
@@ -73,7 +71,7 @@ def _rebuild(
         os.close(fd)
     ident = (st.st_dev, st.st_ino, *tuple(ident[2:] if ident is not None else ()))
     inner = torch.empty(0, dtype=dt).set_(storage, storage_offset, shape, stride)
-    return MemoryMappedTensor._wrap(protect(inner, mode, filename), filename, mode, offset, ident)
+    return protect(inner, mode, filename), ident
 
 
 def _store_id_at(data_file: str) -> Any:

@@ -94,10 +94,12 @@ import from it); the code is in these modules, each importing only those listed 
 * ``_op_rules.py``: what an ATen op or torch function does to leaves, from its schemas;
 * ``_mapping.py``: opening and ``mmap``-ing files, the tensor over one leaf's bytes;
 * ``_writing.py``: durable file writes (chunked tensor bytes, reserve, fsync, atomic create);
-* ``_pickling.py``: ``_rebuild``, which maps a pickled leaf's file again;
-* ``_memory_mapped_tensor.py``: the ``MemoryMappedTensor`` class and its dispatch plumbing.
+* ``_pickling.py``: ``remap``, which maps a pickled leaf's file again;
+* ``_memory_mapped_tensor.py``: the ``MemoryMappedTensor`` class and its dispatch plumbing,
+  ``_rebuild`` (the unpickling function pickles name: ``remap`` + the wrap) and
+  ``write_tensor`` (a plain tensor or a leaf, unwrapped, through ``_writing.write_plain``).
 
-``_writing._host_chunks`` and ``_pickling._rebuild`` import the class when called.
+No module imports one listed after it, not even inside a function.
 """
 
 from __future__ import annotations
@@ -130,11 +132,13 @@ from ._mapping import (
 from ._memory_mapped_tensor import (
     MemoryMappedTensor,
     _plain_args,
+    _rebuild,
     _refuse_if_read_only,
     _result,
     _rewrap,
     _rewrap_aliases,
     _unwrap,
+    write_tensor,
 )
 from ._op_rules import (
     _BUILTINS,
@@ -153,8 +157,8 @@ from ._op_rules import (
     _op_info,
 )
 from ._pickling import (
-    _rebuild,
     _store_id_at,
+    remap,
 )
 from ._readonly import (
     _STORAGE_WRITES,
@@ -174,5 +178,5 @@ from ._writing import (
     fsync_dir,
     reserve,
     write_all,
-    write_tensor,
+    write_plain,
 )

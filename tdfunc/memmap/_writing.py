@@ -18,14 +18,10 @@ CHUNK = 64 << 20
 
 
 def _host_chunks(t: Tensor) -> Any:
-    """Contiguous host pieces of ``t``, in order, each about :data:`CHUNK` bytes or less."""
-    # imported here: the class module imports this one (module-level imports form a DAG)
-    from ._memory_mapped_tensor import MemoryMappedTensor
-
-    t = t.detach()
-    if isinstance(t, MemoryMappedTensor):
-        t = t._inner
-    t = t.resolve_conj().resolve_neg()
+    """Contiguous host pieces of the plain tensor ``t``, in order, each about :data:`CHUNK`
+    bytes or less (a memory-mapped leaf is unwrapped by the class module's ``write_tensor``:
+    this module sits below the class)."""
+    t = t.detach().resolve_conj().resolve_neg()
     if t.numel() == 0:
         return
     if t.device.type == "cpu" and t.is_contiguous():
@@ -51,8 +47,9 @@ def write_all(fd: int, data: memoryview, bar: Any) -> None:
             bar.update(k)
 
 
-def write_tensor(fd: int, t: Tensor, bar: Any) -> None:
-    """Write ``t``'s elements in row-major order as raw bytes at the current position."""
+def write_plain(fd: int, t: Tensor, bar: Any) -> None:
+    """Write the plain tensor ``t``'s elements in row-major order as raw bytes at the current
+    position."""
     for piece in _host_chunks(t):
         write_all(fd, memoryview(piece.view(torch.uint8).numpy()).cast("B"), bar)
 

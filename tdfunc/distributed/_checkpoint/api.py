@@ -86,6 +86,7 @@ from ..._errors import StructureError
 from ..._keys import fmt_key
 from ..._ops import check_same_structure
 from ..._tree import KeyPath, Node, leaves_with_paths, map_leaves
+from ...interop._safetensors import save_safetensors
 from .._common import errors as E
 from .._common import wire
 from .._common.mesh import check_node
@@ -736,8 +737,6 @@ def export_safetensors(
         >>> tdfunc.load_safetensors(os.path.join(d, "w.safetensors"))["w"].tolist()
         [1.0, 1.0]
     """
-    from ... import save_safetensors
-
     target = os.fspath(file)
     if os.path.exists(target) and not overwrite:
         raise FileExistsError(E.CKPT_EXISTS.format(file=target))
