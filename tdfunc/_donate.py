@@ -200,6 +200,8 @@ def check_donated(
                 from .memmap._tensor import MemoryMappedTensor
 
                 if isinstance(t, MemoryMappedTensor):
+                    if t.mode == "c":
+                        raise ValueError(E.DONATE_MEMMAP_PRIVATE.format(what=what, at=at(i, t)))
                     err = PermissionError if t.mode == "r" else ValueError
                     raise err(E.DONATE_MEMMAP.format(what=what, at=at(i, t), mode=t.mode))
             if t.requires_grad and not grad_ok:
@@ -386,7 +388,8 @@ def compile(  # tdfunc.compile, as torch.compile
 
     Refused (typed errors naming the argument and key): a donated argument that is not a
     container or was consumed already; a memory-mapped leaf (``PermissionError`` when
-    read-only, ``ValueError`` otherwise: the write would go to the file); a leaf that
+    read-only; ``ValueError`` for mode ``"r+"``, whose writes would go to the file, and for
+    copy-on-write mode ``"c"``, where donating saves nothing over ``.clone()``); a leaf that
     requires grad; two donated leaves that overlap in memory; a donated leaf whose memory
     is also passed in an argument not donated. A first call whose other arguments hold
     memory-mapped leaves (a state from :func:`tdfunc.load`) warns: Dynamo guards on the leaf

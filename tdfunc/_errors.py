@@ -207,6 +207,12 @@ DONATE_MEMMAP = (
     "{what}: {at} is memory-mapped (mode {mode!r}) and cannot be donated: the outputs would be "
     "written into its file; pass a copy (.clone()) or do not donate this argument"
 )
+DONATE_MEMMAP_PRIVATE = (
+    "{what}: {at} is memory-mapped copy-on-write (mode 'c') and cannot be donated: its file "
+    "would not change, but donating it saves nothing (the first write to each page copies it "
+    "from the file: the memory and time of .clone()) and the outputs would stay memory-mapped "
+    "leaves of the loaded store; pass a copy (.clone()) or do not donate this argument"
+)
 DONATE_REQUIRES_GRAD = (
     "{what}: {at} requires grad and cannot be donated (an in-place write into an autograd "
     "leaf); donate detached tensors"

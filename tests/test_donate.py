@@ -193,9 +193,18 @@ def test_memory_mapped_leaves_are_refused(tmp_path: Any) -> None:
     rw = tdfunc.load(tmp_path / "p", mode="r+")
     with pytest.raises(ValueError, match=r"mode 'r\+'\) and cannot be donated"):
         fn(rw, state, grads)
+    cow = tdfunc.load(tmp_path / "p", mode="c")
+    with pytest.raises(ValueError, match="copy-on-write") as e:
+        fn(cow, state, grads)
+    # the true reason: a copy-on-write leaf never writes its file
+    assert str(e.value) == E.DONATE_MEMMAP_PRIVATE.format(
+        what="tdfunc.compile(step)", at="argument 0, key 'w'"
+    )
+    assert "written into its file" not in str(e.value)
     _unchanged(params, tdfunc.load(tmp_path / "p").clone())
     assert not is_consumed(ro)
     assert not is_consumed(rw)
+    assert not is_consumed(cow)
     assert not is_consumed(state)
 
 
