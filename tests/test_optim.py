@@ -554,6 +554,90 @@ def test_vmap_ensemble_per_member_hyperparameters(
     assert state[name, "lr"].tolist() == [0.5, 0.4, 0.3, 0.2]
 
 
+def test_optimizer_built_inside_a_compiled_step_with_a_tensor_lr() -> None:
+    """``optim.adamw(lr=lr, ...)`` built inside a ``fullgraph`` step with ``lr`` a tensor
+    argument compiles to one frame (building it reads no tensor value: the tensor's dtype is
+    checked, its values are not), and a new ``lr`` does not recompile. ``update`` reads the
+    state's learning rate (the constructor's tensor is what ``init`` stores); the step
+    passes the new value in with ``set_hyperparams``, and the result is the eager one."""
+    params = params_of(mlp())
+    grads = random_grads(params, 0)
+    state = optim.adamw(lr=torch.tensor(1e-2, dtype=torch.float64)).init(params)
+
+    def step(params: Any, state: Any, grads: Any, lr: torch.Tensor) -> tuple[Any, Any]:
+        state = optim.set_hyperparams(state, lr=lr)
+        updates, state = optim.adamw(lr=lr, weight_decay=1e-2).update(grads, state, params)
+        return optim.apply_updates(params, updates), state
+
+    cnt = CompileCounterWithBackend("eager")
+    compiled = torch.compile(step, backend=cnt, fullgraph=True)
+    for lr in (1e-2, 3e-3, 0.5):
+        lr_t = torch.tensor(lr, dtype=torch.float64)
+        want_p, want_s = step(params, state, grads, lr_t)
+        got_p, got_s = compiled(params, state, grads, lr_t)
+        tdfunc.testing.assert_close(got_p, want_p)
+        tdfunc.testing.assert_close(got_s, want_s)
+        assert got_s["adamw", "lr"].item() == lr
+    assert cnt.frame_count == 1
+    # a larger lr moves the params further: the new value is the one used
+    far, _ = step(params, state, grads, torch.tensor(0.5, dtype=torch.float64))
+    near, _ = step(params, state, grads, torch.tensor(1e-3, dtype=torch.float64))
+    moved = lambda p: sum(float(v.abs().sum()) for v in flat(p - params).values())  # noqa: E731
+    assert moved(far) > 10 * moved(near)
+
+
+def test_optimizer_built_inside_vmap_over_per_member_lr() -> None:
+    """The same step under ``torch.vmap`` over the ensemble members' ``lr`` (a 0-d tensor
+    per member inside): one frame, new per-member values without recompiling, each member
+    equal to its own unbatched step."""
+    params = tdfunc.stack([params_of(mlp(seed=i)) for i in range(3)])
+    grads = tdfunc.stack([random_grads(params[i], i) for i in range(3)])
+    lr0 = torch.tensor([1e-2, 1e-3, 1e-1], dtype=torch.float64)
+    state = optim.adamw(lr=lr0).init(params)
+
+    def member(params: Any, state: Any, grads: Any, lr: torch.Tensor) -> tuple[Any, Any]:
+        state = optim.set_hyperparams(state, lr=lr)
+        updates, state = optim.adamw(lr=lr, weight_decay=1e-2).update(grads, state, params)
+        return optim.apply_updates(params, updates), state
+
+    cnt = CompileCounterWithBackend("eager")
+    compiled = torch.compile(torch.vmap(member), backend=cnt, fullgraph=True)
+    for lrs in (lr0, torch.tensor([0.3, 0.2, 0.1], dtype=torch.float64)):
+        got_p, got_s = compiled(params, state, grads, lrs)
+        assert got_s["adamw", "lr"].tolist() == lrs.tolist()
+        for i in range(3):
+            want_p, _ = member(params[i], state[i], grads[i], lrs[i])
+            tdfunc.testing.assert_close(got_p[i], want_p)
+    assert cnt.frame_count == 1
+
+
+def test_tensor_hyperparameters_are_checked_without_reading_values() -> None:
+    """A tensor hyperparameter's dtype is checked when the optimizer is built (``TypeError``);
+    its values are not read (that would synchronise with the device and cannot be traced):
+    the shape is checked against the params' batch size by ``init``. Python numbers keep
+    ``torch.optim``'s range checks."""
+    with pytest.raises(TypeError) as e:
+        optim.adamw(lr=torch.tensor(1))
+    assert "floating point" in str(e.value)
+
+    class NoRead(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+            if func in (
+                torch.ops.aten._local_scalar_dense.default,
+                torch.ops.aten.is_nonzero.default,
+            ):
+                raise AssertionError(f"a hyperparameter value was read: {func}")
+            return func(*args, **(kwargs or {}))
+
+    with NoRead():
+        optim.adamw(lr=torch.tensor(1e-3), betas=(0.9, 0.999), weight_decay=torch.tensor(0.1))
+        optim.sgd(lr=torch.tensor([0.1, 0.2]), momentum=0.9)
+        optim.add_decayed_weights(torch.tensor([0.1]))
+    with pytest.raises(ValueError, match="invalid lr") as e2:
+        optim.adamw(lr=-1e-3)
+    assert str(e2.value) == E.BAD_HYPER.format(what="adamw", name="lr", value=-1e-3, rule=">= 0.0")
+
+
 # --------------------------------------------------------------------------------------
 # transforms and schedules
 # --------------------------------------------------------------------------------------
@@ -935,7 +1019,7 @@ def test_not_containers_and_missing_params() -> None:
         (lambda: optim.sgd(nesterov=True), ValueError),
         (lambda: optim.sgd(momentum=0.9, dampening=0.1, nesterov=True), ValueError),
         (lambda: optim.clip_by_global_norm(-1.0), ValueError),
-        (lambda: optim.add_decayed_weights(torch.tensor([-0.1])), ValueError),
+        (lambda: optim.add_decayed_weights(-0.1), ValueError),
     ],
 )
 def test_bad_hyperparameters(bad: Callable[[], Any], exc: type[Exception]) -> None:

@@ -39,7 +39,12 @@ Hyper.__doc__ = """A hyperparameter of an optimizer (``lr``, ``weight_decay``): 
 * a Python number: a constant of the optimizer (changing it means a new optimizer);
 * a floating tensor: kept in the state (``state[tag, "lr"]``), changed with
   :func:`tdfunc.optim.set_hyperparams` without recompiling a compiled step; a tensor of the
-  params' batch size gives each ensemble member its own value;
+  params' batch size gives each ensemble member its own value. ``init`` stores it and
+  ``update`` reads the state's value: an optimizer built inside a compiled step from a
+  tensor argument passes a new value in with ``state = set_hyperparams(state, lr=lr)``.
+  Its dtype is checked when the optimizer is built and its shape by ``init``; its values
+  are not read (that would synchronise with the device and cannot be traced), so the
+  range checks of Python numbers (``lr >= 0``...) do not apply to it;
 * a schedule, ``count -> value`` (see :mod:`tdfunc.optim`'s schedules): evaluated at the
   number of updates done before this one (0 on the first update).
 """
@@ -175,7 +180,11 @@ def first_device(ls: Sequence[Tensor]) -> torch.device | None:
 def check_hyper(
     what: str, name: str, value: Any, low: float = 0.0, high: float | None = None
 ) -> None:
-    """The range checks of ``torch.optim`` (numbers and tensors; schedules are not checked)."""
+    """The range checks of ``torch.optim`` on a Python number; a tensor's dtype (floating
+    point). A tensor's values are not read: reading them synchronises with its device and
+    cannot be traced (an optimizer built inside a compiled step or under ``vmap`` with a
+    tensor argument); ``init`` checks its shape against the params' batch size. Schedules are
+    not checked."""
     if callable(value) and not isinstance(value, Tensor):
         return
     if isinstance(value, Tensor):
@@ -188,7 +197,7 @@ def check_hyper(
                     rule="a tensor hyperparameter must be floating point",
                 )
             )
-        bad = bool((value < low).any()) or (high is not None and bool((value >= high).any()))
+        return
     else:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise TypeError(
