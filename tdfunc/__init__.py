@@ -25,6 +25,7 @@ from ._donate import DonatedError
 from ._donate import compile as compile  # tdfunc.compile, as torch.compile
 from ._errors import KeysDifferError, NodeTypesDifferError, StructureError
 from ._export import dynamic_batch_shapes
+from ._grad import value_and_grad
 from ._ops import cat, empty_like, full_like, ones_like, stack, zeros_like
 from ._tensorclass import is_tensorclass, tensorclass
 from ._tree import OPTREE_NAMESPACE
@@ -113,6 +114,7 @@ __all__ = [
     "tensorclass",
     "testing",
     "to_tensordict",
+    "value_and_grad",
     "while_loop",
     "zeros_like",
 ]

@@ -76,6 +76,22 @@ class NodeTypesDifferError(StructureError, TypeError):
     """Same keys, but the node types or static fields differ (also a ``TypeError``)."""
 
 
+INPLACE = (
+    "{cls}.{name} writes in place, and a {cls} is an immutable value: nothing writes into it. "
+    "The pure spelling returns a new container; rebind the name: {hint}"
+)
+NO_ATTRIBUTE = "{cls!r} object has no attribute {name!r}"
+
+
+class InPlaceError(TypeError, AttributeError):
+    """An in-place name of tensordict's API (``zero_``, ``clamp_``, ``update_``, item
+    assignment...) called on an immutable container; the message names the pure spelling.
+
+    A ``TypeError`` (as every mutation of a container), and an ``AttributeError`` too, so
+    ``hasattr(td, "zero_")`` is ``False``: a container has no in-place method.
+    """
+
+
 BATCH_SIZE_TYPE = (
     "batch_size must be an int or a sequence of ints, got {value!r} (an element of type {typ})"
 )
@@ -257,4 +273,19 @@ BATCHDIM_SELF = (
 BATCHDIM_NO_OVERLOAD = (
     "{op}: no overload of torch.{op} takes these arguments ({args}); see torch's signature "
     "of {op}, whose dims name the container's batch dims"
+)
+
+# value_and_grad (_grad.py)
+GRAD_ARGNUMS = "value_and_grad: argnums must be an int or a sequence of distinct ints, got {value!r}"
+GRAD_ARGNUM_RANGE = (
+    "value_and_grad: argnums names argument {index}, but the function was called with {n} "
+    "positional arguments"
+)
+GRAD_LEAF = (
+    "value_and_grad: argument {arg} at {path} is {kind}, but every leaf of a differentiated "
+    "argument must be a floating-point tensor; pass other values as another argument"
+)
+GRAD_VALUE = (
+    "value_and_grad: the function must return a scalar tensor (or (scalar, aux) with "
+    "has_aux=True), got {what}"
 )
