@@ -34,6 +34,7 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | DisableTorchFunctionSubclass   | torch._C.DisableTorchFunctionSubclass                  | ok   | ok   | ok   | none yet           |
 | TensorBase                     | torch._C.TensorBase                                    | ok   | ok   | ok   | none yet           |
 | OpOverloadPacket               | torch._ops.OpOverloadPacket                            | ok   | ok   | ok   | none yet           |
+| pad_sequence_op                | torch._C._nn.pad_sequence                              | ok   | ok   | ok   | none yet (5)       |
 | make_wrapper_subclass          | torch.Tensor._make_wrapper_subclass                    | ok   | ok   | ok   | none yet           |
 | make_subclass                  | torch.Tensor._make_subclass                            | ok   | ok   | ok   | none yet           |
 | is_traceable_wrapper_subclass  | torch.utils._python_dispatch.(same name)               | ok   | ok   | ok   | none yet           |
@@ -56,6 +57,8 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 (2) ``torch.func.functional_call`` calls a module; it is not a context manager around a call.
 (3) Public, but not on every torch: the shim does nothing where it is missing (see there).
 (4) ``torch.while_loop`` is the same object, but it is not in ``torch.__all__``.
+(5) ``torch.nn.utils.rnn.pad_sequence`` is public, but ``__torch_function__`` receives the C
+    function it calls.
 
 Retired: ``torch._dynamo.substitute_in_graph`` is called through its public twin
 ``torch.compiler.substitute_in_graph`` (the same call, public on every supported torch), so
@@ -285,6 +288,11 @@ TensorBase = _class(lambda: torch._C.TensorBase, "tensor method owners (torch._C
 OpOverloadPacket = _class(
     lambda: torch._ops.OpOverloadPacket, "ATen op schemas (torch._ops.OpOverloadPacket)"
 )
+#: the C function behind ``torch.nn.utils.rnn.pad_sequence``: the torch function a container's
+#: ``__torch_function__`` receives for ``pad_sequence([td, ...])``
+pad_sequence_op = _function(
+    lambda: torch._C._nn.pad_sequence, "pad_sequence of containers (torch._C._nn.pad_sequence)"
+)
 #: make a wrapper tensor subclass instance with the given metadata and no storage of its own
 make_wrapper_subclass = _function(
     lambda: torch.Tensor._make_wrapper_subclass,
@@ -496,6 +504,7 @@ __all__ = [
     "maybe_get_bdim",
     "maybe_get_level",
     "missing",
+    "pad_sequence_op",
     "pytree",
     "recompute_collectives",
     "register_default_collate",

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _errors as E
+from .._compat import pad_sequence_op
 from .._tree import is_node, leaves, map_leaves
 from ._indexing import index
 from ._math import elementwise
@@ -134,8 +135,12 @@ def _is_dim(name: str, kind: str) -> bool:
 def _aten_sigs(name: str, reduction: bool) -> tuple[_Sig, ...]:
     """The ATen overloads of ``aten::<name>`` that take a tensor first and write nothing."""
     packet = getattr(torch.ops.aten, name, None)
-    out = []
-    for s in torch._C._jit_get_schemas_for_operator("aten::" + name):
+    out: list[_Sig] = []
+    if packet is None:
+        return ()
+    for overload in packet.overloads():
+        op = getattr(packet, overload)
+        s = op._schema
         args = s.arguments
         if not args or str(args[0].type) != "Tensor":
             continue
@@ -147,7 +152,7 @@ def _aten_sigs(name: str, reduction: bool) -> tuple[_Sig, ...]:
         kinds = tuple(_kind(str(a.real_type)) for a in args)
         defaults = tuple(a.default_value if a.has_default_value() else _REQUIRED for a in args)
         n_pos = sum(1 for a in args if not a.kwarg_only)
-        tags = packet.__getattr__(s.overload_name or "default").tags if packet else ()
+        tags = op.tags
         out.append(
             _Sig(
                 names,
@@ -513,7 +518,7 @@ def pad_sequence(
             raise RuntimeError(E.NEEDS_A_BATCH_DIM.format(op="pad_sequence"))
     columns = [leaves(n) for n in nodes]
     out = [
-        torch._C._nn.pad_sequence(
+        torch.nn.utils.rnn.pad_sequence(
             list(c),
             batch_first,
             padding_value,
@@ -748,7 +753,7 @@ def _build() -> dict[Any, Callable[..., Any]]:
     table[F.pad] = _pad_rule
     table[torch.constant_pad_nd] = _constant_pad_nd
     table[torch.nn.utils.rnn.pad_sequence] = _pad_sequence_rule
-    table[torch._C._nn.pad_sequence] = _pad_sequence_rule
+    table[pad_sequence_op] = _pad_sequence_rule
     return table
 
 
