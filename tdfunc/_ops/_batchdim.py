@@ -518,12 +518,7 @@ def pad_sequence(
             raise RuntimeError(E.NEEDS_A_BATCH_DIM.format(op="pad_sequence"))
     columns = [leaves(n) for n in nodes]
     out = [
-        torch.nn.utils.rnn.pad_sequence(
-            list(c),
-            batch_first,
-            padding_value,
-            padding_side,  # type: ignore[arg-type]
-        )
+        torch.nn.utils.rnn.pad_sequence(list(c), batch_first, padding_value, padding_side)
         for c in zip(*columns)
     ]
     lens = [n._batch_size[0] for n in nodes]
