@@ -58,10 +58,12 @@ def checkpoint(tmp: str) -> None:
     state = train(state, 5)
     tdfunc.save(state, path, overwrite=True)  # a reader sees the old or the new one, whole
 
-    resumed = tdfunc.load(path)  # a TrainState of read-only memory-mapped leaves
+    # a TrainState; .clone() reads its memory-mapped leaves once into plain tensors, so a
+    # compiled step compiles once (mapped leaves are another tensor type to torch.compile)
+    resumed = tdfunc.load(path).clone()
     assert type(resumed) is TrainState
     assert resumed.step.item() == 10
-    resumed = train(resumed, 5)  # training reads the mapped leaves and returns new tensors
+    resumed = train(resumed, 5)
     tdfunc.testing.assert_close(resumed, train(start, 15))  # == the uninterrupted run
     # --8<-- [end:checkpoint]
     print(f"resumed from step 10 and reached step {resumed.step.item()} as without a break")

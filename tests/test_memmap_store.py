@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -152,3 +155,41 @@ def test_init_vars_are_not_stored_and_not_needed_on_load(tmp_path):
     back = load(tmp_path / "s", mode="c")
     assert back.x.tolist() == [3.0, 3.0]
     assert back.x.mode == "c"
+
+
+def test_the_resume_snippet_compiles_its_step_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoints guide's resume snippet (``examples/checkpoints.py``) clones the loaded
+    state: a compiled step then compiles once. Without it Dynamo sees the memory-mapped
+    leaves, another tensor type (guarded like any tensor subclass), on the first call and the
+    plain tensors the step returns on the next: two frames."""
+    import importlib.util
+
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "checkpoints.py"
+    source = path.read_text()
+    snippet = source.split("# --8<-- [start:checkpoint]")[1].split("# --8<-- [end:checkpoint]")[0]
+    assert "resumed = tdfunc.load(path).clone()" in snippet
+    spec = importlib.util.spec_from_file_location("_checkpoints_example", path)
+    assert spec is not None and spec.loader is not None
+    ex = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, ex)  # Dynamo looks its globals up there
+    spec.loader.exec_module(ex)
+    store = str(tmp_path / "ckpt")
+    tdfunc.save(ex.train(ex.start, 2), store)
+
+    def frames(state: Any) -> tuple[int, Any]:
+        cnt = CompileCounterWithBackend("eager")
+        step = torch.compile(lambda s: ex.train(s, 1), backend=cnt, fullgraph=True)
+        for _ in range(3):
+            state = step(state)
+        return cnt.frame_count, state
+
+    n, resumed = frames(tdfunc.load(store).clone())  # as the snippet resumes
+    assert n == 1
+    assert resumed.step.item() == 5
+    tdfunc.testing.assert_close(resumed, ex.train(ex.start, 5))
+    n, _ = frames(tdfunc.load(store))  # the cause: the mapped leaves are another type
+    assert n == 2
