@@ -173,7 +173,8 @@ def test_the_resume_snippet_compiles_its_step_once(
     snippet = source.split("# --8<-- [start:checkpoint]")[1].split("# --8<-- [end:checkpoint]")[0]
     assert "resumed = tdfunc.load(path).clone()" in snippet
     spec = importlib.util.spec_from_file_location("_checkpoints_example", path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     ex = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, ex)  # Dynamo looks its globals up there
     spec.loader.exec_module(ex)
