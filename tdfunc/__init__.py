@@ -23,7 +23,7 @@ from ._base import Container
 from ._control import cond, scan, while_loop
 from ._donate import DonatedError
 from ._donate import compile as compile  # tdfunc.compile, as torch.compile
-from ._errors import KeysDifferError, NodeTypesDifferError, StructureError
+from ._errors import InPlaceError, KeysDifferError, NodeTypesDifferError, StructureError
 from ._export import dynamic_batch_shapes
 from ._grad import value_and_grad
 from ._ops import cat, empty_like, full_like, ones_like, stack, zeros_like
@@ -78,6 +78,7 @@ __all__ = [
     "OPTREE_NAMESPACE",
     "Container",
     "DonatedError",
+    "InPlaceError",
     "KeysDifferError",
     "MemmapFormatError",
     "MemoryMappedTensor",

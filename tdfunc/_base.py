@@ -13,11 +13,11 @@ import torch
 from torch import Tensor
 
 from . import _errors as E
-from . import _keys
+from . import _inplace, _keys
 from . import _ops as ops
 from ._compat import DisableTorchFunctionSubclass
 from ._keys import ABSENT, Key, as_path, get_path, is_key
-from ._tree import KeyPath, Node, leaves, shallow_copy
+from ._tree import Node, leaves, shallow_copy
 
 T = TypeVar("T", bound="Container")
 
@@ -61,6 +61,11 @@ class Container(Node):
         """The layout every leaf has (``torch.strided`` for a container without leaves), or
         ``None`` when leaves differ. Python-level torch functions read it (``torch.masked``)."""
         return ops.common_layout(self)
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The dtype every leaf has, or ``None`` when leaves differ or there is none."""
+        return ops.common_dtype(self)
 
     def numel(self) -> int:
         """Product of the batch size."""
@@ -115,16 +120,21 @@ class Container(Node):
 
     def __setitem__(self, key: Any, value: Any) -> None:
         hint = f"td = td.set({key!r}, value)" if is_key(key) else "td = td.at[index].set(value)"
-        raise TypeError(
+        raise E.InPlaceError(
             E.MUTATION.format(cls=type(self).__name__, what="item assignment", hint=hint)
         )
 
     def __delitem__(self, key: Any) -> None:
-        raise TypeError(
+        raise E.InPlaceError(
             E.MUTATION.format(
                 cls=type(self).__name__, what="item deletion", hint=f"td = td.exclude({key!r})"
             )
         )
+
+    def __getattr__(self, name: str) -> Any:
+        # reached only when the normal lookup fails: tensordict's in-place names (zero_,
+        # clamp_, update_...) raise InPlaceError naming the pure spelling (tdfunc._inplace)
+        raise _inplace.inplace_error(type(self), name)
 
     __hash__ = object.__hash__
 
@@ -211,6 +221,49 @@ class Container(Node):
         """
         return _keys.rename_key(self, as_path(old), as_path(new), overwrite)
 
+    def rename_keys(self: T, mapping: Any, *, strict: bool = True) -> T:
+        """Every ``old -> new`` of ``mapping`` at once (see :func:`tdfunc._ops.rename_keys`)."""
+        return ops.rename_keys(self, mapping, strict=strict)
+
+    def pop(self: T, key: Key, default: Any = _keys.MISSING) -> tuple[Any, T]:
+        """PURE, unlike tensordict's: returns ``(value, container without key)`` and leaves
+        this container as it was. Write ``value, td = td.pop(key)``; tensordict's
+        ``td.pop(key)`` deletes the key from ``td`` instead."""
+        return ops.pop(self, key, default)
+
+    def split_keys(self, *key_sets: Sequence[Key], strict: bool = True) -> tuple[Any, ...]:
+        """One container per key set, then one with the rest."""
+        return ops.split_keys(self, *key_sets, strict=strict)
+
+    def get_at(self, key: Key, index: Any, default: Any = _keys.MISSING) -> Any:
+        """``td[key][index]``; ``default`` (when given) for a missing key."""
+        return ops.get_at(self, key, index, default)
+
+    @property
+    def sorted_keys(self) -> list[str]:
+        """The top-level keys, sorted."""
+        return ops.sorted_keys(self)
+
+    def is_empty(self) -> bool:
+        """True when no tensor leaf is held at any depth."""
+        return ops.is_empty(self)
+
+    def empty(self: T, recurse: bool = False) -> T:
+        """Same type, batch size and device, no leaves (``recurse``: keep nested containers)."""
+        return ops.empty(self, recurse)
+
+    def filter_empty(self: T) -> T:
+        """Without the nested containers that hold no leaf (pure ``filter_empty_``)."""
+        return ops.filter_empty(self)
+
+    def tolist(self, *, convert_tensors: bool = False) -> Any:
+        """Lists over the batch dims of dicts (eager only: see :func:`tdfunc._ops.tolist`)."""
+        return ops.tolist(self, convert_tensors=convert_tensors)
+
+    def numpy(self) -> dict[str, Any]:
+        """A nested dict of numpy arrays (eager only)."""
+        return ops.numpy(self)
+
     # ---------------------------------------------------------------- indexing
     @property
     def at(self) -> ops.AtIndexer:
@@ -281,9 +334,37 @@ class Container(Node):
         """``fn`` on every leaf (zipped with the leaves of ``others``)."""
         return ops.apply(self, fn, *others, batch_size=batch_size)
 
-    def named_apply(self: T, fn: Callable[[KeyPath, Tensor], Tensor]) -> T:
-        """``fn(key_path, leaf)`` on every leaf."""
-        return ops.named_apply(self, fn)
+    def named_apply(
+        self: T,
+        fn: Callable[..., Tensor],
+        *others: Any,
+        nested_keys: bool | None = None,
+        batch_size: Sequence[int] | None = None,
+    ) -> T:
+        """``fn(key, leaf, *other_leaves)`` on every leaf: ``key`` is the tuple key path, or
+        tensordict's key with ``nested_keys=True`` / ``False`` (see
+        :func:`tdfunc._ops.named_apply`)."""
+        return ops.named_apply(self, fn, *others, nested_keys=nested_keys, batch_size=batch_size)
+
+    def new_zeros(self: T, *size: Any, **kwargs: Any) -> T:
+        """Batch size ``size``, zeros; each leaf keeps its feature dims and dtype."""
+        return ops.new_zeros(self, *size, **kwargs)
+
+    def new_ones(self: T, *size: Any, **kwargs: Any) -> T:
+        """Batch size ``size``, ones; each leaf keeps its feature dims and dtype."""
+        return ops.new_ones(self, *size, **kwargs)
+
+    def new_empty(self: T, *size: Any, **kwargs: Any) -> T:
+        """Batch size ``size``, uninitialised; each leaf keeps its feature dims and dtype."""
+        return ops.new_empty(self, *size, **kwargs)
+
+    def new_full(self: T, size: Sequence[int], fill_value: Any, **kwargs: Any) -> T:
+        """Batch size ``size``, ``fill_value``; each leaf keeps its feature dims and dtype."""
+        return ops.new_full(self, size, fill_value, **kwargs)
+
+    def new_tensor(self: T, data: Any, **kwargs: Any) -> T:
+        """Every leaf a copy of ``data`` in that leaf's dtype (batch size: ``data``'s shape)."""
+        return ops.new_tensor(self, data, **kwargs)
 
     def to(self: T, *args: Any, **kwargs: Any) -> T:
         """Move / cast every leaf (``td.to("cpu")``, ``td.to(torch.float64)``)."""

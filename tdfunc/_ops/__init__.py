@@ -11,6 +11,8 @@ write ``from tdfunc import _ops as ops`` and ``ops.reshape``:
 - :mod:`._stack_split`: ``stack``, ``cat``, ``unbind``, ``split``, ``chunk``;
 - :mod:`._transforms`: leafwise ``apply``, ``to``, ``clone``, ``*_like``, ``consolidate``;
 - :mod:`._math`: elementwise arithmetic (``binary``, ``unary``);
+- :mod:`._conveniences`: tensordict's everyday conveniences (``common_dtype``, ``tolist``,
+  ``empty``, ``new_zeros``, ``pop``, ``split_keys``, ``rename_keys``...);
 - :mod:`._batchdim`: torch functions over batch dims (reductions, scans, softmax, sorting,
   dim-wise shape and index ops, ``pad``), one rule per family (``_batchdim.rule_for``).
 
@@ -38,6 +40,22 @@ from .._tree import map_leaves as map_leaves
 from .._tree import same_structure as same_structure
 from ._batchdim import all_, any_, reduce
 from ._batchdim import common_layout as common_layout
+from ._conveniences import common_dtype as common_dtype
+from ._conveniences import empty as empty
+from ._conveniences import filter_empty as filter_empty
+from ._conveniences import get_at as get_at
+from ._conveniences import is_empty as is_empty
+from ._conveniences import new_empty as new_empty
+from ._conveniences import new_full as new_full
+from ._conveniences import new_ones as new_ones
+from ._conveniences import new_tensor as new_tensor
+from ._conveniences import new_zeros as new_zeros
+from ._conveniences import numpy as numpy
+from ._conveniences import pop as pop
+from ._conveniences import rename_keys as rename_keys
+from ._conveniences import sorted_keys as sorted_keys
+from ._conveniences import split_keys as split_keys
+from ._conveniences import tolist as tolist
 from ._indexing import _ROW_DTYPES as _ROW_DTYPES
 from ._indexing import AtIndexer, index, index_update
 from ._indexing import _AtRef as _AtRef

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._keys import KeyPath
 from .._tree import leaves, leaves_with_paths, map_leaves
 from ._structure import check_batch_invariant, check_same_structure
 
@@ -45,12 +44,47 @@ def apply(
     return map_leaves(node, out, bs)
 
 
-def named_apply(node: Any, fn: Callable[[KeyPath, Tensor], Tensor]) -> Any:
-    """``fn(key_path, leaf)`` on every leaf; ``key_path`` is a tuple of strings."""
+def named_apply(
+    node: Any,
+    fn: Callable[..., Tensor],
+    *others: Any,
+    nested_keys: bool | None = None,
+    batch_size: Sequence[int] | None = None,
+) -> Any:
+    """``fn(key, leaf, *other_leaves)`` on every leaf (zipped with the leaves of ``others``,
+    of the same structure).
+
+    ``key`` is, by default, the leaf's key path as a tuple of strings (``("a",)``,
+    ``("n", "b")``). ``nested_keys=True`` passes the key as tensordict does with
+    ``nested_keys=True`` (a string at the top level, a tuple below it), ``nested_keys=False``
+    the leaf's own key only (``"b"`` for ``("n", "b")``: tensordict's default). The result
+    keeps ``node``'s batch size unless ``batch_size`` is given; each result leaf is checked.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(1), n={"b": torch.zeros(1)})
+        >>> seen = []
+        >>> _ = td.named_apply(lambda k, x: (seen.append(k), x)[1], nested_keys=True)
+        >>> seen
+        ['a', ('n', 'b')]
+    """
+    for o in others:
+        check_same_structure(node, o, "named_apply")
     pairs = leaves_with_paths(node)
-    out = [fn(p, x) for p, x in pairs]
-    check_batch_invariant(node, out, node._batch_size, "named_apply")
-    return map_leaves(node, out)
+    if nested_keys is None:
+        keys: list[Any] = [p for p, _ in pairs]
+    elif nested_keys:
+        keys = [p[0] if len(p) == 1 else p for p, _ in pairs]
+    else:
+        keys = [p[-1] for p, _ in pairs]
+    if others:
+        cols = [leaves(o) for o in others]
+        out = [fn(k, x, *ys) for k, (_, x), *ys in zip(keys, pairs, *cols)]
+    else:
+        out = [fn(k, x) for k, (_, x) in zip(keys, pairs)]
+    bs = node._batch_size if batch_size is None else torch.Size(batch_size)
+    check_batch_invariant(node, out, bs, "named_apply")
+    return map_leaves(node, out, None if batch_size is None else bs)
 
 
 def _parse_to(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
