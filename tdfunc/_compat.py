@@ -51,6 +51,7 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 |                                | all_gather_single_autograd)                            |      |      |      |                    |
 | recompute_collectives (lazy)   | torch._functorch.config.patch(unsafe_allow_optimiza-   | ok   | ok   | ok   | none yet           |
 |                                | tion_of_collectives, activation_memory_budget)         |      |      |      |                    |
+| compiled_graphs (lazy)         | torch._dynamo.utils.counters["stats"]["unique_graphs"] | ok   | -    | ok   | none yet           |
 
 (1) torch >= 2.14 raises ``RuntimeError`` for Python tensor subclasses (``FakeTensor``); the
     shim answers ``False`` for any tensor with Python dispatch, as torch's own guards do.
@@ -413,6 +414,21 @@ def functional_collectives() -> Any:
         missing("traceable collectives (torch.distributed._functional_collectives)", _MIN)
 
 
+def compiled_graphs() -> int:
+    """How many graphs Dynamo has compiled in this process
+    (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``); 0 while Dynamo is not
+    loaded (only read around a call of ``tdfunc.compile``, which loads it)."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    try:
+        return int(utils.counters["stats"]["unique_graphs"])
+    except (AttributeError, KeyError, TypeError):
+        missing("compile counts (torch._dynamo.utils.counters)", _MIN)
+
+
 def recompute_collectives() -> Any:
     """A context manager under which AOTAutograd's partitioner may recompute collectives
     in the backward instead of saving their outputs (``torch._functorch.config.patch(
@@ -470,6 +486,7 @@ __all__ = [
     "TensorMeta",
     "add_batch_dim",
     "check",
+    "compiled_graphs",
     "foreach_add",
     "foreach_add_",
     "foreach_addcdiv_",

@@ -23,6 +23,8 @@ slot plan of :func:`tdfunc.functional_call`).
 from __future__ import annotations
 
 import functools
+import logging
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +33,7 @@ import torch
 from torch import Tensor
 
 from . import _errors as E
-from ._compat import is_traceable_wrapper_subclass, pytree
+from ._compat import compiled_graphs, is_traceable_wrapper_subclass, pytree
 from ._keys import fmt_key
 from ._tree import KeyPath, Node, is_node, leaves, leaves_with_paths
 
@@ -339,6 +341,41 @@ def _warn_memmap_leaves(args: Sequence[Any], what: str) -> None:
                 return
 
 
+#: where :func:`compile` says that a call compiled again, or that a first call was slow
+LOG = logging.getLogger("tdfunc.compile")
+#: a first call that compiles for longer than this (seconds) is logged
+SLOW_COMPILE_S = 60.0
+
+
+class CompileLog:
+    """Counts the calls of one compiled function and logs (warning, logger
+    ``tdfunc.compile``) a call after the first that compiled graphs (a recompile) and a first
+    call that compiled for more than :data:`SLOW_COMPILE_S`. Boundary code: reads Dynamo's
+    graph count before and after the call (under a microsecond)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.calls = 0
+
+    def run(self, compiled: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        before = compiled_graphs()
+        t0 = time.perf_counter()
+        out = compiled(*args, **kwargs)
+        self.calls += 1
+        graphs = compiled_graphs() - before
+        if graphs:
+            sec = time.perf_counter() - t0
+            if self.calls > 1:
+                LOG.warning(
+                    E.COMPILE_RECOMPILED.format(
+                        what=self.what, call=self.calls, graphs=graphs, seconds=sec
+                    )
+                )
+            elif sec > SLOW_COMPILE_S:
+                LOG.warning(E.COMPILE_SLOW.format(what=self.what, seconds=sec, graphs=graphs))
+        return out
+
+
 class Donating:
     """The callable :func:`compile` returns (see there)."""
 
@@ -350,6 +387,7 @@ class Donating:
         self.calls = 0
         inner = functools.partial(_run_and_store, fn, donate)
         self.compiled = torch.compile(inner, **kwargs)
+        self.log = CompileLog(f"tdfunc.compile({self.name})")
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -357,7 +395,7 @@ class Donating:
         check_donated(args, kwargs, self.donate, what)
         if not self.calls:
             _warn_memmap_leaves(args, what)
-        out = self.compiled(*args, **kwargs)
+        out = self.log.run(self.compiled, args, kwargs)
         self.calls += 1
         for i in self.donate:
             consume(
@@ -395,7 +433,13 @@ def compile(  # tdfunc.compile, as torch.compile
     memory-mapped leaves (a state from :func:`tdfunc.load`) warns: Dynamo guards on the leaf
     type, so the next call, with the plain tensors the step returns, would compile again
     (pass ``.clone()`` instead). ``disable=True`` runs eagerly with the same rules and
-    results. Without ``donate`` this is ``torch.compile``.
+    results. Without ``donate`` this is ``torch.compile`` (a module is returned as
+    ``torch.compile`` returns it; a function is wrapped for the log below).
+
+    Never silent about compile time: a call after the first that compiled again (a guard
+    failed) and a first call that compiled for more than a minute
+    (``tdfunc._donate.SLOW_COMPILE_S``) log a warning on the ``tdfunc.compile`` logger
+    saying why, with torch's ``TORCH_LOGS`` setting that shows more.
 
     Args:
         fn: the function (or use ``@tdfunc.compile(donate=...)`` as a decorator).
@@ -429,5 +473,15 @@ def compile(  # tdfunc.compile, as torch.compile
     if len(set(idx)) != len(idx):
         raise ValueError(E.DONATE_REPEATED.format(value=idx))
     if not idx:
-        return torch.compile(fn, **kwargs)
+        compiled = torch.compile(fn, **kwargs)
+        if isinstance(fn, torch.nn.Module) or not callable(fn):
+            return compiled
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        log = CompileLog(f"tdfunc.compile({name})")
+
+        @functools.wraps(fn)
+        def logged(*args: Any, **kw: Any) -> Any:
+            return log.run(compiled, args, kw)
+
+        return logged
     return Donating(fn, tuple(sorted(idx)), kwargs)

@@ -289,3 +289,16 @@ GRAD_VALUE = (
     "value_and_grad: the function must return a scalar tensor (or (scalar, aux) with "
     "has_aux=True), got {what}"
 )
+
+# tdfunc.compile's log lines (_donate.py; logger "tdfunc.compile")
+COMPILE_RECOMPILED = (
+    "{what}: call {call} compiled again ({graphs} new graph(s), {seconds:.1f} s): a guard of "
+    "an earlier compile failed (a new shape, dtype, structure or Python value); run with "
+    "TORCH_LOGS=recompiles to see which guard, or TORCH_LOGS=recompiles_verbose for all"
+)
+COMPILE_SLOW = (
+    "{what}: the first call took {seconds:.1f} s to compile ({graphs} graph(s)); later "
+    "processes skip most of it with torch's compile caches (on by default, in "
+    "TORCHINDUCTOR_CACHE_DIR: keep that directory between runs; see the training-loop "
+    "guide); TORCH_LOGS=dynamo,aot,inductor shows where the time goes"
+)

@@ -4,6 +4,8 @@ cold compiles."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -199,3 +201,35 @@ def test_value_and_grad_errors() -> None:
     with pytest.raises(TypeError) as e:
         tdfunc.value_and_grad(lambda p, q: p.sum(), argnums=1)(torch.ones(2))
     assert str(e.value) == E.GRAD_ARGNUM_RANGE.format(index=1, n=1)
+
+
+def test_compile_logs_a_recompile_and_a_slow_first_call(monkeypatch, caplog) -> None:
+    from tdfunc import _donate
+
+    monkeypatch.setattr(_donate, "SLOW_COMPILE_S", 0.0)
+
+    def f(td):
+        return td * 2
+
+    for donate in ((), (0,)):
+        caplog.clear()
+        fn = tdfunc.compile(f, donate=donate, backend="eager", fullgraph=True)
+        with caplog.at_level(logging.WARNING, logger="tdfunc.compile"):
+            fn(tdfunc.TensorDict(a=torch.ones(2)))
+            fn(tdfunc.TensorDict(a=torch.ones(2)))  # no compile: no line
+            fn(tdfunc.TensorDict(a=torch.ones(3)))  # a new shape: recompiles
+        msgs = [r.getMessage() for r in caplog.records if r.name == "tdfunc.compile"]
+        assert len(msgs) == 2, msgs
+        assert msgs[0].startswith("tdfunc.compile(test_compile_logs_a_recompile")
+        assert "first call took" in msgs[0]
+        assert "TORCHINDUCTOR_CACHE_DIR" in msgs[0]
+        assert "call 3 compiled again" in msgs[1]
+        assert "TORCH_LOGS=recompiles" in msgs[1]
+
+
+def test_compile_is_quiet_below_the_threshold(caplog) -> None:
+    fn = tdfunc.compile(lambda x: x + 1, backend="eager", fullgraph=True)
+    with caplog.at_level(logging.WARNING, logger="tdfunc.compile"):
+        assert fn(torch.ones(2)).tolist() == [2.0, 2.0]
+        fn(torch.zeros(2))
+    assert not [r for r in caplog.records if r.name == "tdfunc.compile"]
