@@ -1,0 +1,71 @@
+"""Cold first call of a training step of N identical blocks (LayerNorm -> Linear 64->256 ->
+GELU -> Linear 256->64, batch 32, AdamW): tdfunc's ``value_and_grad`` routes (compiled
+blocks; scan over stacked blocks) against today's joint-graph step, ``torch.compile(model)``
++ ``loss.backward()`` and torch's regional recipe. Each contender in a fresh process with
+torch's caches disabled (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``) and inductor compiling in
+process (``TORCHINDUCTOR_COMPILE_THREADS=1``), so the CPU time of the first call counts all
+of the compile (the wall time on a shared machine counts the waits for a core too).
+
+``extra_info``: ``cold_cpu_s`` / ``cold_wall_s`` per contender, ``step_ms`` (median of 30
+steps after the first), ``graphs`` (Dynamo graphs compiled), and the target ratios."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+CATEGORY = "compile_regions"
+KINDS = ("vg_blockc", "vg_scan", "regional", "compiled_model", "joint")
+
+
+@pytest.mark.bench_full_only
+@pytest.mark.parametrize("blocks", [2, 8, 24])
+def test_cold_first_call_by_depth(benchmark: Any, blocks: int) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1",
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+
+    def run(kind: str) -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, "-m", "compile_benchmarks._regions_step", kind, str(blocks)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=True,
+            env=env,
+        )
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    got = {k: run(k) for k in KINDS}
+    cpu = {k: v["cpu_s"] for k, v in got.items()}
+    info = {
+        "workload": f"cold_step_{blocks}_blocks",
+        "mode": "compiled",
+        "contender": "tdfunc",
+        "category": CATEGORY,
+        "cold_cpu_s": cpu,
+        "cold_wall_s": {k: v["first_s"] for k, v in got.items()},
+        "step_ms": {k: v["step_ms"] for k, v in got.items()},
+        "graphs": {k: v["frames"] for k, v in got.items()},
+        # targets: <= 1.0x regional (8, 24 blocks), <= 1.0x torch.compile(model) (2 blocks),
+        # steady state <= 1.05x the joint step
+        "blockc_over_regional": cpu["vg_blockc"] / cpu["regional"],
+        "blockc_over_compiled_model": cpu["vg_blockc"] / cpu["compiled_model"],
+        "joint_over_blockc": cpu["joint"] / cpu["vg_blockc"],
+        "step_blockc_over_joint": got["vg_blockc"]["step_ms"] / got["joint"]["step_ms"],
+    }
+    benchmark.extra_info.update(info)
+    print(
+        f"\ncold first call, {blocks} blocks (CPU s): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+    )
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
