@@ -5,7 +5,9 @@
 2. A model's parameters as a safetensors file (``save_safetensors``; names are the
    ``state_dict()`` names), loaded by tdfunc memory-mapped and into a module with
    ``load_state_dict(tdfunc.state_dict(module, params))``.
-3. Conversion to and from ``tensordict.TensorDict`` shares the tensors (no copy).
+3. A ``state_dict`` (every name, tied ones included) saved for transformers:
+   ``from_pretrained`` of that directory gives the same logits.
+4. Conversion to and from ``tensordict.TensorDict`` shares the tensors (no copy).
 
 Run: ``python examples/checkpoints.py``
 """
@@ -85,6 +87,40 @@ def safetensors_files(tmp: str) -> None:
     print(f"safetensors: {sorted(fresh.state_dict())} loaded into a new module")
 
 
+def transformers_round_trip(tmp: str) -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a quiet demo
+    # --8<-- [start:transformers]
+    import transformers
+
+    config = transformers.GPT2Config(  # a tiny GPT-2 from its config: nothing downloaded
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        vocab_size=128,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    gpt = transformers.GPT2LMHeadModel(config).eval()
+    params = tdfunc.from_module(gpt).detach() * 1.1  # the params you trained, say
+
+    out = os.path.join(tmp, "gpt2")
+    config.save_pretrained(out)
+    # a mapping of names to tensors saves as it is: every name, the tied lm_head.weight too
+    sd = tdfunc.state_dict(gpt, params)
+    tdfunc.save_safetensors(sd, os.path.join(out, "model.safetensors"))
+
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.arange(12)[None]
+    with torch.no_grad():
+        want = tdfunc.functional_call(gpt, params, (ids,)).logits
+        assert torch.equal(loaded(ids).logits, want)  # the same logits, bit for bit
+    # --8<-- [end:transformers]
+    print("transformers: from_pretrained gives the logits of the saved params")
+
+
 def tensordict_interop() -> None:
     # --8<-- [start:tensordict]
     import tensordict
@@ -104,6 +140,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tdfunc-ckpt-") as tmp:
         checkpoint(tmp)
         safetensors_files(tmp)
+        transformers_round_trip(tmp)
     tensordict_interop()
 
 

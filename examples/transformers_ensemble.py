@@ -101,9 +101,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d)
         every_name = tdfunc.state_dict(members[2], tdfunc.from_module(members[2]))
-        tdfunc.save_safetensors(
-            tdfunc.TensorDict(every_name).unflatten_keys("."), os.path.join(d, "model.safetensors")
-        )
+        tdfunc.save_safetensors(every_name, os.path.join(d, "model.safetensors"))
         loaded = GPT2LMHeadModel.from_pretrained(d).eval()
         mapped = tdfunc.load_safetensors(os.path.join(d, "model.safetensors"))
         with torch.no_grad():

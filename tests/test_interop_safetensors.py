@@ -384,8 +384,8 @@ def test_sparse_leaf_is_refused(tmp_path):
 
 def test_not_a_container_and_bad_metadata(tmp_path):
     f = tmp_path / "x.safetensors"
-    with pytest.raises(TypeError, match=re.escape(E.NOT_A_CONTAINER.format(typ="dict"))):
-        save_safetensors({"a": torch.zeros(1)}, f)
+    with pytest.raises(TypeError, match=re.escape(E.NOT_A_CONTAINER.format(typ="tuple"))):
+        save_safetensors((torch.zeros(1),), f)
     with pytest.raises(TypeError, match="strings to strings"):
         save_safetensors(TensorDict(a=torch.zeros(1)), f, metadata={"a": 1})  # type: ignore[dict-item]
     with pytest.raises(ValueError, match=re.escape(E.RESERVED_METADATA.format(key=META_KEY))):
@@ -951,3 +951,101 @@ def test_tied_module_round_trip_through_state_dict(tmp_path):
     fresh.load_state_dict(tdfunc.state_dict(fresh, loaded))
     assert torch.equal(fresh[1].weight, torch.full((5, 3), 2.0))
     assert fresh[1].weight is fresh[0].weight
+
+
+# ------------------------------------------------------------------ mappings (state dicts)
+class _Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(5, 3)
+        self.head = torch.nn.Linear(3, 5, bias=False)
+        self.head.weight = self.emb.weight
+        self.register_buffer("scale", torch.tensor([2.0]))
+
+
+def test_save_a_state_dict_with_tied_names(tmp_path):
+    """A mapping of names to tensors (``tdfunc.state_dict(m, params)``) saves as it is: every
+    name, tied ones included (two copies, as other tools expect); it loads back nested at
+    ".", as the same file from another tool would, the tied names one tensor."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    m = _Tied()
+    params = tdfunc.from_module(m).detach() * 3
+    sd = tdfunc.state_dict(m, params)
+    assert sd["head.weight"] is sd["emb.weight"]
+    before = {k: v.clone() for k, v in sd.items()}
+    f = tmp_path / "m.safetensors"
+    save_safetensors(sd, f)
+    assert list(sd) == list(before)  # the mapping is left as it was
+    for k, v in sd.items():
+        assert torch.equal(v, before[k])
+    theirs = safetensors_torch.load_file(str(f))
+    assert sorted(theirs) == sorted(m.state_dict())
+    for k, v in sd.items():
+        assert torch.equal(theirs[k], v)
+    back = load_safetensors(f)
+    assert sorted(back.flatten_keys(".").keys()) == sorted(sd)
+    assert back["head", "weight"] is back["emb", "weight"]
+    assert_close(back, TensorDict(sd).unflatten_keys("."))
+    assert list(load_safetensors(f, structure="flat").keys()) == list(sd)
+    m2 = _Tied()
+    m2.load_state_dict(tdfunc.state_dict(m2, back))
+    assert torch.equal(m2.head.weight, sd["head.weight"])
+    assert torch.equal(m2.scale, sd["scale"])
+    # the module's own state_dict (an OrderedDict) too
+    save_safetensors(m.state_dict(), f, overwrite=True)
+    assert sorted(safetensors_torch.load_file(str(f))) == sorted(m.state_dict())
+
+
+def test_a_mapping_whose_names_do_not_nest_loads_back_flat(tmp_path):
+    f = tmp_path / "x.safetensors"
+    d = {"a": torch.zeros(1), "a.b": torch.ones(2), "c.d": torch.ones(1)}
+    save_safetensors(d, f)
+    back = load_safetensors(f)
+    assert list(back.keys()) == ["a", "a.b", "c.d"]
+    for k, v in d.items():
+        assert torch.equal(back[k], v)
+
+
+def test_a_mapping_that_is_not_names_to_tensors_is_refused(tmp_path):
+    f = tmp_path / "x.safetensors"
+    with pytest.raises(TypeError) as e:
+        save_safetensors({1: torch.zeros(1)}, f)  # type: ignore[dict-item]
+    assert str(e.value) == E.MAPPING_KEY.format(key=1, typ="int")
+    with pytest.raises(TypeError) as e:
+        save_safetensors({"a": torch.zeros(1), "b": {"c": torch.zeros(1)}}, f)
+    assert str(e.value) == E.MAPPING_VALUE.format(key="b", typ="dict")
+    with pytest.raises(TypeError) as e:
+        save_safetensors([torch.zeros(1)], f)
+    assert str(e.value) == E.NOT_A_CONTAINER.format(typ="list")
+    assert not f.exists()
+
+
+def test_the_guide_round_trip_to_transformers(tmp_path, monkeypatch):
+    """The checkpoints guide's transformers section (``examples/checkpoints.py``) runs: a tiny
+    GPT-2 (built from a config, no download), ``save_safetensors(tdfunc.state_dict(model,
+    params), ...)`` and ``from_pretrained`` of that directory give the logits of
+    ``functional_call`` with the params bit for bit (the tied ``lm_head.weight`` included)."""
+    import importlib.util
+    import sys
+
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "examples", "checkpoints.py")
+    with open(path) as fh:
+        source = fh.read()
+    section = source.split("# --8<-- [start:transformers]")[1].split("# --8<-- [end:transformers]")[
+        0
+    ]
+    assert "tdfunc.save_safetensors(sd, " in section
+    assert "sd = tdfunc.state_dict(gpt, params)" in section
+    with open(os.path.join(root, "docs", "guides", "checkpoints.md")) as fh:
+        assert '--8<-- "examples/checkpoints.py:transformers"' in fh.read()
+    spec = importlib.util.spec_from_file_location("_checkpoints_example_st", path)
+    assert spec is not None
+    assert spec.loader is not None
+    ex = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, ex)
+    spec.loader.exec_module(ex)
+    ex.transformers_round_trip(str(tmp_path))  # asserts the logits are equal
+    assert os.path.isfile(tmp_path / "gpt2" / "model.safetensors")

@@ -17,7 +17,18 @@ class SafetensorsFormatError(ValueError):
 
 
 # ---------------------------------------------------------------------------- safetensors
-NOT_A_CONTAINER = "save_safetensors expects a TensorDict or tensorclass, got {typ}"
+NOT_A_CONTAINER = (
+    "save_safetensors expects a TensorDict, a tensorclass or a mapping of names to tensors "
+    "(e.g. tdfunc.state_dict(module, params)), got {typ}"
+)
+MAPPING_KEY = (
+    "save_safetensors: the mapping's key {key!r} is a {typ}; the names of a safetensors file "
+    "are strings"
+)
+MAPPING_VALUE = (
+    "save_safetensors: the mapping's entry {key!r} is a {typ}, not a tensor; a mapping saves "
+    "names to tensors, one level deep (save a TensorDict for nested data)"
+)
 FILE_EXISTS = (
     "{filename!r} already exists; pass overwrite=True to replace it (the new file is written "
     "aside and renamed over the old one, so readers see either the old or the new file)"

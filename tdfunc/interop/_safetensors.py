@@ -275,6 +275,23 @@ def _header(plan: _Plan, structure: dict[str, Any], metadata: Mapping[str, str] 
     return struct.pack("<Q", len(raw)) + raw
 
 
+def _from_mapping(d: Mapping[Any, Any], filename: str) -> TensorDict:
+    """The container saved for a mapping of names to tensors (a ``state_dict``): the nested
+    TensorDicts its names give when split at ``"."`` (what :func:`load_safetensors` gives for
+    a file of these names that another tool wrote), or, when a name is also the prefix of
+    another (``"a"`` and ``"a.b"``), one flat TensorDict of the names as they are. The
+    tensors are not copied."""
+    leaves: dict[str, Tensor] = {}
+    for k, v in d.items():
+        if not isinstance(k, str):
+            raise TypeError(E.MAPPING_KEY.format(key=k, typ=type(k).__name__))
+        if not isinstance(v, Tensor):
+            raise TypeError(E.MAPPING_VALUE.format(key=k, typ=type(v).__name__))
+        leaves[k] = v
+    nests = not any(name[:i] in leaves for name in leaves for i, c in enumerate(name) if c == ".")
+    return _nested(filename, leaves, flat=not nests)
+
+
 def save_safetensors(
     td: Any,
     path: str | os.PathLike[str],
@@ -282,14 +299,22 @@ def save_safetensors(
     metadata: Mapping[str, str] | None = None,
     overwrite: bool = False,
 ) -> None:
-    """Save a TensorDict or tensorclass as one safetensors file.
+    """Save a TensorDict, a tensorclass or a ``state_dict`` as one safetensors file.
 
-    Leaves are stored under their key paths joined by ``"."`` (for ``tdfunc.from_module(m)``
-    the names of ``m.state_dict()``, except that a tied tensor, one leaf there, is written
-    under its first name only: save ``tdfunc.state_dict(m, params)`` to write every name,
-    or load back with ``m.load_state_dict(tdfunc.state_dict(m, loaded))``, which fills the
-    tied names; ``m.load_state_dict(loaded.to_state_dict())`` reports the tied names as
-    missing), so any safetensors reader gets a flat dict of
+    A mapping of names to tensors (``tdfunc.state_dict(m, params)``, ``m.state_dict()``) is
+    written under its names as they are, tied names included: the file a tool that expects
+    every name needs (``transformers``' ``from_pretrained``). It loads back as a file of
+    these names from any other tool loads, nested at ``"."`` like ``from_module(m)``, and
+    the tied names are one tensor; ``load_safetensors(path, structure="flat")`` gives the
+    names. (A mapping where a name is also the prefix of another, ``"a"`` and ``"a.b"``,
+    cannot nest: it loads back flat.)
+
+    A container's leaves are stored under their key paths joined by ``"."`` (for
+    ``tdfunc.from_module(m)`` the names of ``m.state_dict()``, except that a tied tensor, one
+    leaf there, is written under its first name only: save ``tdfunc.state_dict(m, params)``
+    to write every name, or load back with ``m.load_state_dict(tdfunc.state_dict(m,
+    loaded))``, which fills the tied names; ``m.load_state_dict(loaded.to_state_dict())``
+    reports the tied names as missing), so any safetensors reader gets a flat dict of
     tensors; the structure tdfunc needs to rebuild the container (batch sizes, tensorclass
     types and static fields, ``None`` fields, key order, tied leaves) is JSON in the
     metadata entry ``"tdfunc"``. ``metadata`` adds entries of your own (``"format": "pt"`` is
@@ -300,7 +325,8 @@ def save_safetensors(
     new one, never a partial file. An existing file is replaced only with ``overwrite=True``.
 
     Args:
-        td: the container to save (leaves on any device; they are copied to the host).
+        td: the container, or mapping of names to tensors, to save (leaves on any device;
+            they are copied to the host).
         path: the file to write.
         metadata: extra ``str -> str`` entries for the safetensors metadata.
         overwrite: replace ``path`` if it exists (``FileExistsError`` otherwise).
@@ -310,7 +336,8 @@ def save_safetensors(
             name no reader could load back: a top-level key ``"__metadata__"``, a key or
             metadata with an unpaired surrogate; a header above 100 MB.
         TypeError: a dtype safetensors cannot store (e.g. ``complex128``), a static field that
-            is not JSON data, metadata that is not ``str -> str``.
+            is not JSON data, metadata that is not ``str -> str``; a mapping with a key that
+            is not a string or a value that is not a tensor.
         FileExistsError: ``path`` exists and ``overwrite`` is false.
 
     Example:
@@ -321,10 +348,21 @@ def save_safetensors(
         >>> back = tdfunc.load_safetensors(f)
         >>> back["n", "b"].shape, back.batch_size
         (torch.Size([2]), torch.Size([2]))
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+        >>> net[1].weight = net[0].weight                       # tied
+        >>> params = tdfunc.from_module(net).detach() * 2       # one leaf for the tie
+        >>> tdfunc.save_safetensors(tdfunc.state_dict(net, params), f, overwrite=True)
+        >>> list(tdfunc.load_safetensors(f, structure="flat").keys())   # every name
+        ['0.weight', '0.bias', '1.weight', '1.bias']
+        >>> back = tdfunc.load_safetensors(f)                   # nested, the tie kept
+        >>> back["1", "weight"] is back["0", "weight"]
+        True
     """
     filename = os.path.abspath(os.fspath(path))
     if not is_node(td):
-        raise TypeError(E.NOT_A_CONTAINER.format(typ=type(td).__name__))
+        if not isinstance(td, Mapping):
+            raise TypeError(E.NOT_A_CONTAINER.format(typ=type(td).__name__))
+        td = _from_mapping(td, filename)
     plan = _Plan(filename)
     structure = plan.node(td, ())
     head = _header(plan, structure, metadata)
