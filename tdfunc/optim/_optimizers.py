@@ -72,7 +72,8 @@ def sgd(
 
     ``lr`` and ``weight_decay`` may be numbers, tensors (kept in the state: change them with
     :func:`set_hyperparams` without recompiling; shape ``[N]`` gives each of N ensemble
-    members its own) or schedules of the step count. ``mask`` (every optimizer with a
+    members its own; ``update`` reads the state's value, see :data:`Hyper`) or schedules of
+    the step count. ``mask`` (every optimizer with a
     ``weight_decay``) selects the leaves the decay applies to, as in :func:`adamw`. The state holds ``step`` and, with
     momentum, ``momentum_buffer`` (the first step copies the gradient, as torch does).
 
