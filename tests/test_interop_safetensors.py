@@ -1017,6 +1017,11 @@ def test_a_mapping_that_is_not_names_to_tensors_is_refused(tmp_path):
     with pytest.raises(TypeError) as e:
         save_safetensors([torch.zeros(1)], f)
     assert str(e.value) == E.NOT_A_CONTAINER.format(typ="list")
+    tensordict = pytest.importorskip("tensordict")
+    theirs = tensordict.TensorDict(a=torch.zeros(3), batch_size=[3])  # a Mapping too
+    with pytest.raises(TypeError) as e:
+        save_safetensors(theirs, f)
+    assert str(e.value) == E.FROM_TENSORDICT.format(typ="TensorDict")
     assert not f.exists()
 
 

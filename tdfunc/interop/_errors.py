@@ -21,6 +21,11 @@ NOT_A_CONTAINER = (
     "save_safetensors expects a TensorDict, a tensorclass or a mapping of names to tensors "
     "(e.g. tdfunc.state_dict(module, params)), got {typ}"
 )
+FROM_TENSORDICT = (
+    "save_safetensors expects a tdfunc container or a mapping of names to tensors, got a "
+    "{typ} of the tensordict package; convert it first: tdfunc.from_tensordict(obj) (keeps "
+    "its batch size and nesting)"
+)
 MAPPING_KEY = (
     "save_safetensors: the mapping's key {key!r} is a {typ}; the names of a safetensors file "
     "are strings"

@@ -40,6 +40,7 @@ import os
 import re
 import stat
 import struct
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -281,6 +282,9 @@ def _from_mapping(d: Mapping[Any, Any], filename: str) -> TensorDict:
     a file of these names that another tool wrote), or, when a name is also the prefix of
     another (``"a"`` and ``"a.b"``), one flat TensorDict of the names as they are. The
     tensors are not copied."""
+    tdm = sys.modules.get("tensordict")  # its objects are mappings too (never imported here)
+    if tdm is not None and isinstance(d, tdm.TensorDictBase):
+        raise TypeError(E.FROM_TENSORDICT.format(typ=type(d).__name__))
     leaves: dict[str, Tensor] = {}
     for k, v in d.items():
         if not isinstance(k, str):
