@@ -44,7 +44,8 @@ SPECIAL: dict[str, str] = {
     "requires_grad_": "td = td.apply(lambda x: x.detach().requires_grad_())",
     "detach_": "td = td.detach()",
     "lock_": "nothing: a container is always immutable (drop the call)",
-    "unlock_": "td.set(...), td.update(...) and td.at[idx].set(...) return new containers",
+    "unlock_": "nothing: a container is never locked; td.set(...), td.update(...) and "
+    "td.at[idx].set(...) return new containers",
     "auto_batch_size_": "td = tdfunc.TensorDict.from_dict(td.to_dict(), batch_dims=n)",
     "auto_device_": "td = td.to(device)",
     "clear_device_": "td = tdfunc.TensorDict(td.to_dict(), batch_size=td.batch_size)",
