@@ -26,8 +26,21 @@ del old["b"]
 td = tdfunc.TensorDict(a=torch.zeros(4, 3), b=torch.ones(4), batch_size=[4])
 td = td.set("c", x)
 td = td.set("a", x + 1)  # or td.update({"a": x + 1, ...}) for several
-td = td.exclude("b")  # x, td = td["b"], td.exclude("b") for a pop
+td = td.exclude("b")  # or: b, td = td.pop("b") (pure: the value and the rest)
 tdfunc.testing.assert_close(td, tdfunc.from_tensordict(old))
+
+# tensordict's in-place methods have no tdfunc method: the error names the pure spelling
+for inplace, pure in [
+    (lambda t: t.zero_(), lambda t: torch.zeros_like(t)),
+    (lambda t: t.apply_(torch.exp), lambda t: t.apply(torch.exp)),
+    (lambda t: t.rename_key_("c", "z"), lambda t: t.rename_key("c", "z")),
+]:
+    try:
+        inplace(td)
+    except tdfunc.InPlaceError as e:  # a TypeError
+        print(e)
+    expected = tdfunc.from_tensordict(inplace(tdfunc.to_tensordict(td).clone()))
+    tdfunc.testing.assert_close(pure(td), expected)
 # --8<-- [end:updates]
 
 

@@ -222,7 +222,9 @@ class Container(Node):
         return _keys.rename_key(self, as_path(old), as_path(new), overwrite)
 
     def rename_keys(self: T, mapping: Any, *, strict: bool = True) -> T:
-        """Every ``old -> new`` of ``mapping`` at once (see :func:`tdfunc._ops.rename_keys`)."""
+        """Every ``old -> new`` of ``mapping`` at once (swaps allowed); ``KeyError`` for a
+        missing ``old`` when ``strict``, or for a ``new`` that exists and is not renamed away.
+        A renamed key keeps its position when no new key is also an old one."""
         return ops.rename_keys(self, mapping, strict=strict)
 
     def pop(self: T, key: Key, default: Any = _keys.MISSING) -> tuple[Any, T]:
@@ -257,7 +259,9 @@ class Container(Node):
         return ops.filter_empty(self)
 
     def tolist(self, *, convert_tensors: bool = False) -> Any:
-        """Lists over the batch dims of dicts (eager only: see :func:`tdfunc._ops.tolist`)."""
+        """Nested lists over the batch dims whose elements are dicts of tensors (numbers and
+        lists with ``convert_tensors=True``), as tensordict's ``tolist``. Eager only: Python
+        objects built from tensor values cannot stay in a compiled graph."""
         return ops.tolist(self, convert_tensors=convert_tensors)
 
     def numpy(self) -> dict[str, Any]:
@@ -341,9 +345,17 @@ class Container(Node):
         nested_keys: bool | None = None,
         batch_size: Sequence[int] | None = None,
     ) -> T:
-        """``fn(key, leaf, *other_leaves)`` on every leaf: ``key`` is the tuple key path, or
-        tensordict's key with ``nested_keys=True`` / ``False`` (see
-        :func:`tdfunc._ops.named_apply`)."""
+        """``fn(key, leaf, *other_leaves)`` on every leaf (``others``: containers of the same
+        structure). ``key`` is the tuple key path by default; ``nested_keys=True`` passes it as
+        tensordict does (a string at the top level, a tuple below), ``nested_keys=False`` the
+        leaf's own key (tensordict's default). ``batch_size`` sets the result's.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(1), n={"b": torch.zeros(1)})
+            >>> td.named_apply(lambda k, x: x + len(k), nested_keys=True)["n", "b"].tolist()
+            [2.0]
+        """
         return ops.named_apply(self, fn, *others, nested_keys=nested_keys, batch_size=batch_size)
 
     def new_zeros(self: T, *size: Any, **kwargs: Any) -> T:

@@ -98,9 +98,11 @@ def test_row_in_place_copy_still_writes_into_the_tensor():
 
 def test_row_pop():
     td = _td()
-    x, td = td["a"], td.exclude("a")
+    x, rest = td.pop("a")  # pure: the value and the container without it
     assert x.shape == (3, 2)
-    assert td.keys() == ["n"]
+    assert rest.keys() == ["n"]
+    assert td.keys() == ["a", "n"]
+    assert td.exclude("a").keys() == ["n"]
 
 
 @tensorclass
