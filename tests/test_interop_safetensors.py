@@ -1054,3 +1054,11 @@ def test_the_guide_round_trip_to_transformers(tmp_path, monkeypatch):
     spec.loader.exec_module(ex)
     ex.transformers_round_trip(str(tmp_path))  # asserts the logits are equal
     assert os.path.isfile(tmp_path / "gpt2" / "model.safetensors")
+    # the guide says AutoModel reads the same directory: every weight found, none left over
+    transformers = pytest.importorskip("transformers")
+    base, info = transformers.AutoModel.from_pretrained(
+        str(tmp_path / "gpt2"), output_loading_info=True
+    )
+    assert type(base).__name__ == "GPT2Model"
+    assert not info["missing_keys"]
+    assert not info["mismatched_keys"]
