@@ -409,7 +409,7 @@ def _inplace_row(name: str) -> Row:
         return Row(f"td = {spelling_of(base)}", "in place there; a new container here")
     hint = SPECIAL[name]
     if hint.startswith(("nothing", "none")):
-        return Row(None, hint)
+        return Row(None, hint.removeprefix("none: "))
     return Row(hint, "in place there; a new container here")
 
 
