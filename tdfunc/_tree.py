@@ -19,6 +19,7 @@ transform (``torch.vmap``) added or removed, so vmap works with no patching of t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from types import EllipsisType
 from typing import Any
@@ -497,9 +498,14 @@ def unflatten_with(cls_rebuild: Callable[..., Any], children: Sequence[Any], ctx
     return _build(cls_rebuild, full, ctx)
 
 
-def is_container_type_name(name: str) -> bool:
-    """True when ``name`` is the serialized type name of a TensorDict or tensorclass."""
-    return name in _BY_NAME
+def node_type(name: str) -> type | None:
+    """The TensorDict / tensorclass type registered as ``name`` in this process (None when
+    there is none): a lookup in the registry, nothing is imported."""
+    return _BY_NAME.get(name)
+
+
+#: the node class a context token names (``ValueError`` for an unknown name)
+class_of = _class_of
 
 
 def nested_type_names(dumped: Any) -> list[str]:
@@ -538,19 +544,76 @@ def _to_dumpable(ctx: tuple) -> Any:
     ]
 
 
-def _from_dumpable(obj: Any) -> tuple:
-    keys, bd, ndims, dev, empty, static, leafless = obj[:7]
-    subs = obj[7] if len(obj) > 7 else []  # a 7-entry context: nested nodes are children
+#: what a context may hold (checked before anything is built from it)
+_MAX_CONTEXT_DEPTH = 512
+_MAX_BATCH_DIMS = 1024
+_DEVICE = re.compile(r"[a-z][a-z0-9_]{0,31}(:[0-9]{1,6})?")
+
+
+def _is_index(x: Any, low: int = 0) -> bool:
+    return type(x) is int and x >= low
+
+
+def _json_scalar_or_tuple(v: Any) -> Any:
+    """A static value read back: JSON scalars, lists as tuples (any nesting, iteratively
+    bounded by the JSON depth); ``ValueError`` for anything else (objects)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, list):
+        return tuple(_json_scalar_or_tuple(x) for x in v)
+    raise ValueError(E.BAD_CONTEXT)
+
+
+def context_from_json(obj: Any, depth: int = 0) -> tuple:
+    """A node's context from its JSON form (torch's ``from_dumpable_context``), checked
+    against the allow-list of what :func:`_to_dumpable` writes: unique string keys, int
+    batch dims and child ndims, a device string, JSON scalars (and lists of them) as static
+    values, in-range positions, nested nodes named by a type registered here. Nothing named
+    by the data is imported or looked up (``ValueError`` otherwise)."""
+    ok = isinstance(obj, list) and len(obj) in (7, 8) and depth < _MAX_CONTEXT_DEPTH
+    if ok:
+        keys, bd, ndims, dev, empty, static, leafless = obj[:7]
+        subs = obj[7] if len(obj) > 7 else []  # a 7-entry context: nested nodes are children
+        n = len(keys) if isinstance(keys, list) else -1
+        ok = (
+            n >= 0
+            and all(isinstance(k, str) for k in keys)
+            and len(set(keys)) == n
+            and _is_index(bd)
+            and bd <= _MAX_BATCH_DIMS
+            and isinstance(ndims, list)
+            and len(ndims) == n
+            and all(_is_index(d, -2) for d in ndims)
+            and (dev is None or (isinstance(dev, str) and _DEVICE.fullmatch(dev) is not None))
+            and (empty is None or (isinstance(empty, list) and len(empty) == bd))
+            and all(_is_index(s) for s in empty or ())
+            and isinstance(static, list)
+            and all(isinstance(f, list) and len(f) == 2 and isinstance(f[0], str) for f in static)
+            and len({f[0] for f in static}) == len(static)
+            and isinstance(leafless, list)
+            and all(_is_index(i) and i < n for i in leafless)
+            and leafless == sorted(set(leafless))
+            and isinstance(subs, list)
+            and all(isinstance(x, list) and len(x) == 3 for x in subs)
+            and all(_is_index(x[0]) and x[0] < n and ndims[x[0]] >= 0 for x in subs)
+            and [x[0] for x in subs] == sorted({x[0] for x in subs})
+            and all(isinstance(x[1], str) for x in subs)
+        )
+    if not ok:
+        raise ValueError(E.BAD_CONTEXT)
     return (
         tuple(keys),
-        int(bd),
+        bd,
         tuple(ndims),
         dev,
         None if empty is None else tuple(empty),
-        _static_from_json(static),
+        tuple((k, _json_scalar_or_tuple(v)) for k, v in static),
         tuple(leafless),
-        tuple((int(i), _token(_class_of(name)), _from_dumpable(c)) for i, name, c in subs),
+        tuple((i, _token(_class_of(name)), context_from_json(c, depth + 1)) for i, name, c in subs),
     )
+
+
+_from_dumpable = context_from_json
 
 
 def register(
@@ -608,7 +671,3 @@ def register(
 
 def _static_to_json(static: tuple) -> Any:
     return [[k, v] for k, v in static]
-
-
-def _static_from_json(obj: Any) -> tuple:
-    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in obj)

@@ -555,3 +555,306 @@ def test_a_directory_that_is_not_a_checkpoint_is_left_as_it_was(tmp_path: Path) 
     with pytest.raises(ValueError, match="is not a checkpoint"):
         tdd.save_checkpoint(root, _td())
     assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]  # no lock file either
+
+
+# --------------------------------------------------------------------------------------
+# a structure that names code: the decoder imports nothing, looks nothing up by a name
+# from the file, and accepts only tdfunc's node kinds and context shapes
+# --------------------------------------------------------------------------------------
+_LEAF = {"type": None, "context": None, "children_spec": []}
+
+
+def _enum_dict(fqn: str, name: str) -> dict[str, Any]:
+    """A ``dict`` node whose context torch's decoder parses with its enum hook: it imports
+    the module of ``fqn``, follows the attribute chain and subscripts it with ``name``."""
+    ctx = json.dumps([{"__enum__": True, "fqn": fqn, "name": name}])
+    return {"type": "builtins.dict", "context": ctx, "children_spec": [dict(_LEAF)]}
+
+
+def _evil_library(tmp_path: Path) -> Path:
+    """A shared library whose constructor writes the marker file (built with the C
+    compiler when there is one)."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the library")
+    src = tmp_path / "evil.c"
+    marker = json.dumps(str(tmp_path / "pwned"))
+    src.write_text(
+        "#include <stdio.h>\n"
+        "__attribute__((constructor)) static void evil(void) {\n"
+        f'    FILE *f = fopen({marker}, "w"); if (f) fclose(f);\n'
+        "}\n"
+    )
+    lib = tmp_path / "ck" / "libevil.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return lib
+
+
+def _evil_module(tmp_path: Path, root: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An ``evil.py`` shipped in the version folder, importable because the checkpoint's
+    parent is on ``sys.path`` (a script next to the checkpoint); returns its dotted name."""
+    import importlib
+
+    v = _vdir(root)
+    (v / "evil.py").write_text(
+        "import enum\n"
+        f"open({str(tmp_path / 'pwned')!r}, 'w').close()\n"
+        "class D(enum.Enum):\n"
+        "    a = 'a'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    return f"{root.name}.{v.name}.evil"
+
+
+HOSTILE_NODES = ["enum import", "defaultdict import", "ctypes dlopen", "evil module", "list"]
+
+
+def _hostile_node(
+    case: str, tmp_path: Path, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, Any], str | None]:
+    """The node spec of ``case`` and the module it would import (None: none)."""
+    if case == "enum import":
+        return _enum_dict("this:s", "a"), "this"
+    if case == "defaultdict import":
+        ctx = {"default_factory_module": "this", "default_factory_name": "s", "dict_context": ["a"]}
+        return {"type": "collections.defaultdict", "context": ctx, "children_spec": [_LEAF]}, "this"
+    if case == "ctypes dlopen":
+        return _enum_dict("ctypes:cdll", str(_evil_library(tmp_path))), None
+    if case == "evil module":
+        name = _evil_module(tmp_path, root, monkeypatch)
+        return _enum_dict(f"{name}:D", "a"), name
+    assert case == "list"
+    return {"type": "builtins.list", "context": "null", "children_spec": [_LEAF]}, None
+
+
+@pytest.mark.parametrize("case", HOSTILE_NODES)
+def test_a_structure_naming_code_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """Each node replaces the leaf ``a``: torch's JSON decoder would import a module named
+    by the file (or dlopen a library shipped next to it); tdfunc's decoder refuses the
+    node kind before looking at its context."""
+    import sys
+
+    root, _, digest = _saved(tmp_path)
+    node, module = _hostile_node(case, tmp_path, root, monkeypatch)
+    if module is not None:
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    m = _manifest(root)
+    m["tree"][1]["children_spec"][0] = node
+    _reseal(root, m)
+    with pytest.raises(Corrupt) as e:
+        tdd.load_checkpoint(root)
+    _no_code(tmp_path)
+    assert module is None or module not in sys.modules
+    assert str(root) in str(e.value)
+    assert E.SPEC_NODE_KIND.format(name=node["type"]) in str(e.value)
+    with pytest.raises(tdd.CheckpointDigestError):
+        tdd.load_checkpoint(root, digest=digest)
+
+
+@pytest.mark.parametrize("case", HOSTILE_NODES)
+def test_transfer_metadata_naming_code_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """The same structures received from a peer (send/recv metadata): the same decoder."""
+    import sys
+
+    from tdfunc.distributed._common import wire
+
+    root, _, _ = _saved(tmp_path)
+    node, module = _hostile_node(case, tmp_path, root, monkeypatch)
+    if module is not None:
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    tree = _manifest(root)["tree"]
+    tree[1]["children_spec"][0] = node
+    with pytest.raises(E.SpecFormatError) as e:
+        wire.unflatten(tree, [torch.zeros(4, 3), torch.zeros(4, dtype=torch.int32)])
+    _no_code(tmp_path)
+    assert module is None or module not in sys.modules
+    assert str(e.value) == E.SPEC_NODE_KIND.format(name=node["type"])
+
+
+def test_a_context_naming_code_inside_a_container_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The enum hook's fields inside tdfunc's own context (keys, static fields, nested
+    containers): plain JSON values to tdfunc's decoder, never looked up."""
+    import sys
+
+    root, _, _ = _saved(tmp_path)
+    name = _evil_module(tmp_path, root, monkeypatch)
+    hook = {"__enum__": True, "fqn": f"{name}:D", "name": "a"}
+    for edit in (
+        lambda c: c[0].__setitem__(0, hook),  # a key
+        lambda c: c.__setitem__(5, [["s", hook]]),  # a static field
+        lambda c: c[7][0].__setitem__(1, hook),  # a nested container's type
+        lambda c: c.__setitem__(3, hook),  # the device
+    ):
+        m = _manifest(root)
+        edit(m["tree"][1]["context"])
+        _reseal(root, m)
+        with pytest.raises(Corrupt, match="bad structure"):
+            tdd.load_checkpoint(root)
+    _no_code(tmp_path)
+    assert name not in sys.modules
+
+
+def test_a_dtype_name_is_never_looked_up_on_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``getattr(torch, name)`` would reach torch's module ``__getattr__`` (which imports
+    lazy submodules and calls deprecated helpers): dtypes come from a table."""
+    from tdfunc.distributed._common import wire
+
+    asked: list[str] = []
+
+    def record(name: str) -> Any:
+        asked.append(name)
+        raise AttributeError(name)
+
+    monkeypatch.setattr(torch, "__getattr__", record, raising=False)
+    root, _, _ = _saved(tmp_path)
+    m = _manifest(root)
+    m["leaves"][0]["dtype"] = "not_a_dtype"
+    _reseal(root, m)
+    with pytest.raises(Corrupt, match="unknown dtype 'not_a_dtype'"):
+        tdd.load_checkpoint(root)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        wire.dtype_from_name("not_a_dtype")
+    assert "not_a_dtype" not in asked
+    assert wire.dtype_from_name("bfloat16") is torch.bfloat16
+
+
+def test_a_list_node_where_a_leaf_belongs_is_corrupt(tmp_path: Path) -> None:
+    root, _, _ = _saved(tmp_path)
+    m = _manifest(root)
+    m["tree"][1]["children_spec"][0] = {
+        "type": "builtins.list",
+        "context": "null",
+        "children_spec": [_LEAF],
+    }
+    _reseal(root, m)
+    with pytest.raises(Corrupt, match="bad structure"):
+        tdd.load_checkpoint(root)
+
+
+# --------------------------------------------------------------------------------------
+# duplicate JSON keys: one reading for every reader
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["manifest top", "manifest nested", "pointer"])
+def test_duplicate_json_keys_are_corrupt(tmp_path: Path, where: str) -> None:
+    root, v, _ = _saved(tmp_path)
+    if where == "pointer":  # the first "dir" names nothing; the last one wins elsewhere
+        raw = (root / store.POINTER).read_bytes()
+        (root / store.POINTER).write_bytes(b'{"dir": "v-0000000000000000", ' + raw[1:])
+        file = str(root / store.POINTER)
+    else:
+        raw = (v / store.MANIFEST).read_bytes()
+        if where == "manifest top":
+            raw = b'{"leaves": [], ' + raw[1:]
+        else:
+            raw = raw.replace(b'"dtype":', b'"dtype":"uint8","dtype":', 1)
+        _put_manifest(root, raw)
+        file = str(v / store.MANIFEST)
+    with pytest.raises(Corrupt) as e:
+        tdd.load_checkpoint(root)
+    assert E.CKPT_CORRUPT.format(path=root, file=file, detail="") in str(e.value)
+    assert "given twice" in str(e.value)
+
+
+# --------------------------------------------------------------------------------------
+# many chunks: the overlap check sorts (n log n), it does not compare every pair
+# --------------------------------------------------------------------------------------
+def _split_into_chunks(root: Path, n: int) -> dict[str, Any]:
+    """The manifest of a one-leaf checkpoint ``x`` of ``n`` float32 values rewritten as
+    ``n`` chunks of one value each (valid, resealed)."""
+    m = _manifest(root)
+    (entry,) = m["leaves"]
+    ((_, _, rel, at, _, _),) = entry["chunks"]
+    raw = (_vdir(root) / rel).read_bytes()
+    header = store._chunk_header("float32", [1])
+    chunks = []
+    for i in range(n):
+        piece = raw[at + 4 * i : at + 4 * i + 4]
+        sha = hashlib.sha256(header + hashlib.sha256(piece).digest()).hexdigest()
+        chunks.append([[i], [1], rel, at + 4 * i, 4, sha])
+    entry["chunks"] = chunks
+    return m
+
+
+def test_a_leaf_of_the_most_chunks_loads(tmp_path: Path) -> None:
+    n = store.MAX_CHUNKS_PER_LEAF
+    td = tdfunc.TensorDict(x=torch.arange(float(n)))
+    root, _, _ = _saved(tmp_path, td)
+    _reseal(root, _split_into_chunks(root, n))
+    got = tdd.load_checkpoint(root)
+    assert torch.equal(got["x"], td["x"])
+
+
+@pytest.mark.parametrize("how", ["duplicate", "overlapping", "gap"])
+def test_a_leaf_of_many_chunks_that_overlap_is_refused(tmp_path: Path, how: str) -> None:
+    n = store.MAX_CHUNKS_PER_LEAF
+    td = tdfunc.TensorDict(x=torch.arange(float(n)))
+    root, _, _ = _saved(tmp_path, td)
+    m = _split_into_chunks(root, n)
+    chunks = m["leaves"][0]["chunks"]
+    if how == "duplicate":  # the same chunk twice, one missing: the volume still adds up
+        chunks[-1] = list(chunks[0])
+        text = "chunks overlap"
+    elif how == "overlapping":  # two values in one chunk, the next one missing
+        c = chunks[n // 2]
+        c[1], c[4] = [2], 8
+        c[5] = hashlib.sha256(
+            store._chunk_header("float32", [2])
+            + hashlib.sha256((_vdir(root) / c[2]).read_bytes()[c[3] : c[3] + 8]).digest()
+        ).hexdigest()
+        del chunks[n // 2 + 2]
+        text = "chunks overlap"
+    else:
+        del chunks[n // 3]
+        text = "chunks do not tile it"
+    _reseal(root, m)
+    with pytest.raises(Corrupt, match=text):
+        tdd.load_checkpoint(root)
+
+
+def test_chunks_of_a_grid_load_and_other_tilings_are_refused(tmp_path: Path) -> None:
+    """A 2-D leaf in 2 x 2 chunks (what sharding along two mesh dims writes) loads; the
+    same bytes described as a brick layout (rows of different cuts: a tiling that is not
+    a grid, which no save writes) are refused."""
+    td = tdfunc.TensorDict(x=torch.arange(16.0).reshape(4, 4))
+    root, v, _ = _saved(tmp_path, td)
+    m = _manifest(root)
+    (entry,) = m["leaves"]
+    ((_, _, rel, at, _, _),) = entry["chunks"]
+    raw = (v / rel).read_bytes()
+    values = td["x"]
+
+    def chunk(off: list[int], size: list[int]) -> list[Any]:
+        piece = values[off[0] : off[0] + size[0], off[1] : off[1] + size[1]].contiguous()
+        data = piece.numpy().tobytes()
+        at_piece = raw.find(data, at)
+        if at_piece < 0:  # not laid out in the file: append its bytes
+            at_piece = (v / rel).stat().st_size
+            with open(v / rel, "ab") as f:
+                f.write(data)
+        header = store._chunk_header("float32", size)
+        sha = hashlib.sha256(header + hashlib.sha256(data).digest()).hexdigest()
+        return [off, size, rel, at_piece, len(data), sha]
+
+    # full rows are contiguous in the file: a 2 x 1 grid of row blocks
+    entry["chunks"] = [chunk([0, 0], [2, 4]), chunk([2, 0], [2, 4])]
+    _reseal(root, m)
+    assert torch.equal(tdd.load_checkpoint(root)["x"], values)
+    # rows 0-1 as one block, rows 2-3 cut into two halves of columns: a valid tiling that
+    # is not a grid (columns 0-1 / 2-3 do not cut rows 0-1)
+    entry["chunks"] = [chunk([0, 0], [2, 4]), chunk([2, 0], [2, 2]), chunk([2, 2], [2, 2])]
+    _reseal(root, m)
+    with pytest.raises(Corrupt) as e:
+        tdd.load_checkpoint(root)
+    assert E.CKPT_NOT_GRID.format(name="x") in str(e.value)

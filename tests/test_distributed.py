@@ -92,26 +92,19 @@ def test_placement_json_rejects_unknown_kind() -> None:
 def test_transfer_metadata_checks() -> None:
     tree = [1, {"type": "nowhere.Type", "context": None, "children_spec": []}]
     with pytest.raises(ValueError, match="not registered in this process") as e:
-        wire.check_tree_types(tree)
+        wire.spec_from_json(tree)
     assert str(e.value) == E.UNKNOWN_NODE_TYPE.format(name="nowhere.Type")
-    wire.check_tree_types(
-        [
-            1,
-            {
-                "type": "tdfunc.TensorDict",
-                "context": None,
-                "children_spec": [{"type": None, "children_spec": []}],
-            },
-        ]
-    )
     # a container nested in a container is named in its parent's context
     td = TensorDict(a=torch.zeros(2), n={"b": torch.ones(2)}, batch_size=[2])
     nested = json.loads(pytree.treespec_dumps(pytree.tree_structure(td)))
-    wire.check_tree_types(nested)
+    assert wire.spec_from_json(nested) == pytree.tree_structure(td)
+    back = wire.unflatten(nested, [torch.ones(2), torch.zeros(2)])
+    assert back.batch_size == (2,)
+    assert back["n", "b"].tolist() == [0.0, 0.0]
     ctx = nested[1]["context"]
     ctx[7][0][1] = "nowhere.Inner"
     with pytest.raises(ValueError, match="not registered in this process") as e:
-        wire.check_tree_types(nested)
+        wire.spec_from_json(nested)
     assert str(e.value) == E.UNKNOWN_NODE_TYPE.format(name="nowhere.Inner")
     with pytest.raises(ValueError, match="not registered in this process"):
         pytree.treespec_loads(json.dumps(nested))  # the decoder refuses it too

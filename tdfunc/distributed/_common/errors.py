@@ -73,6 +73,19 @@ UNKNOWN_NODE_TYPE = (
 )
 MESH_TOO_LARGE = "meshes with more than {max} dims cannot be sent (got {ndim})"
 
+
+class SpecFormatError(ValueError):
+    """A container structure read from a file or a peer (pytree spec JSON) is malformed or
+    holds a node kind tdfunc does not read back."""
+
+
+SPEC_NODE_KIND = (
+    "a container structure holds a node of kind {name!r}; only TensorDict and tensorclass "
+    "nodes and tensor leaves are read back (nothing the data names is imported or looked up)"
+)
+SPEC_BAD = "a container structure is malformed: {detail}"
+JSON_DUPLICATE_KEY = "the key {key!r} is given twice in one JSON object"
+
 # --------------------------------------------------------------------------------------
 # transfer plans (strategy "plan", Transfer, transfer_plan)
 # --------------------------------------------------------------------------------------
@@ -269,6 +282,10 @@ CKPT_EXISTS_SAVE = "save_checkpoint: {path} holds a checkpoint; pass overwrite=T
 CKPT_UNKNOWN_TYPE = (
     "load_checkpoint: the checkpoint holds a container of type {name!r}, which is not "
     "registered in this process; import the module that defines it first"
+)
+CKPT_NOT_GRID = (
+    "leaf {name!r}: the chunks overlap or do not form a grid (every dim cut at the same "
+    "places for every chunk, as every save writes them)"
 )
 CKPT_EXISTS = "export_safetensors: {file} exists; pass overwrite=True to replace it"
 CKPT_BAD_LOCK = (

@@ -40,7 +40,9 @@ from torch.distributed.tensor import DTensor
 
 from ..._compat import pytree
 from ..._keys import KeyPath, fmt_key
-from ..._tree import is_container_type_name, nested_type_names
+from ..._ops._structure import check_batch_invariant
+from ..._tree import class_of, context_from_json, nested_type_names, node_type
+from ..._tree import leaves as tree_leaves
 from . import errors as E
 from .placements import encode_placements
 
@@ -192,12 +194,36 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+#: every dtype of this torch by :func:`dtype_name` (a name read from a file or a peer is
+#: looked up here, never with ``getattr(torch, name)``: torch's module ``__getattr__``
+#: imports lazy submodules and calls deprecated helpers)
+_DTYPES: dict[str, torch.dtype] = {
+    dtype_name(d): d for d in list(vars(torch).values()) if isinstance(d, torch.dtype)
+}
+
+
 def dtype_from_name(name: str) -> torch.dtype:
     """Inverse of :func:`dtype_name` (``ValueError`` for unknown names)."""
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
+    dt = _DTYPES.get(name) if isinstance(name, str) else None
+    if dt is None:
         raise ValueError(f"unknown dtype {name!r} in transfer metadata")
     return dt
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(E.JSON_DUPLICATE_KEY.format(key=k))
+        out[k] = v
+    return out
+
+
+def loads(text: str | bytes) -> Any:
+    """JSON from a file or a peer: a key given twice in one object is refused
+    (``ValueError``), so every reader of the data reads the same values (JSON readers
+    disagree on duplicates: Python's keeps the last one, others the first)."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
 
 
 # --------------------------------------------------------------------------------------
@@ -402,7 +428,7 @@ def receive(link: Peer, mesh: DeviceMesh | None, placements: Any) -> Incoming:
     meta_n, total = h[4], h[5]
     buf = torch.empty(total, dtype=torch.uint8, device=device)
     link.recv(buf, DATA_TAG, "send the data")
-    meta = json.loads(_text(buf[:meta_n]))
+    meta = loads(_text(buf[:meta_n]))
     start = _align(meta_n)
     tensors = []
     for entry in meta["leaves"]:
@@ -414,34 +440,122 @@ def receive(link: Peer, mesh: DeviceMesh | None, placements: Any) -> Incoming:
     return Incoming(meta, tensors)
 
 
-def check_tree_types(tree: Any, message: str = E.UNKNOWN_NODE_TYPE) -> None:
-    """``ValueError`` (``message`` with the type's ``name``) if the metadata names a
-    container type unknown in this process."""
-    stack = [tree[1] if isinstance(tree, list) else tree]
-    while stack:
-        node = stack.pop()
-        name = node.get("type")
-        if name is not None and name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
-            raise ValueError(message.format(name=name))
-        if name is not None and is_container_type_name(name):
-            # a container holds the containers nested in it in its context
-            ctx = node.get("context")
-            try:
-                ctx = json.loads(ctx) if isinstance(ctx, str) else ctx
-                inners = nested_type_names(ctx) if isinstance(ctx, list) else []
-            except (ValueError, RecursionError):
-                inners = []  # malformed: the decoder refuses it (a corrupt structure)
-            for inner in inners:
-                if inner not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
-                    raise ValueError(message.format(name=inner))
-        stack.extend(node.get("children_spec", []))
+#: nesting of node specs a structure may have (a checkpoint holds at most 64 levels)
+MAX_SPEC_DEPTH = 256
+_NODE_FIELDS = frozenset(("type", "context", "children_spec"))
 
 
-def unflatten(tree: Any, leaves: Sequence[Tensor]) -> Any:
-    """Rebuild the sender's container from the metadata's tree and new leaves."""
-    check_tree_types(tree)
-    spec = pytree.treespec_loads(json.dumps(tree))
-    return pytree.tree_unflatten(list(leaves), spec)
+def _bad(detail: str) -> E.SpecFormatError:
+    return E.SpecFormatError(E.SPEC_BAD.format(detail=detail))
+
+
+def _node_class(name: Any, unknown: str) -> type:
+    """The tdfunc node class registered as ``name`` in this process (a dict lookup: nothing
+    is imported). ``ValueError`` (``unknown``) for a name nothing registered,
+    :class:`SpecFormatError` for a registered pytree type that is not a tdfunc node (dict,
+    list, defaultdict, ...: their JSON decoders import what the data names)."""
+    if not isinstance(name, str):
+        raise _bad(f"a node type that is not a string: {str(name)[:80]!r}")
+    cls = node_type(name)
+    known = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name)
+    if cls is None:
+        if known is None:
+            raise ValueError(unknown.format(name=name))
+        raise E.SpecFormatError(E.SPEC_NODE_KIND.format(name=name))
+    found: type = cls
+    if known is not found:  # another class took the name in torch's registry
+        raise E.SpecFormatError(E.SPEC_NODE_KIND.format(name=name))
+    return found
+
+
+def _check_fields(cls: type, ctx: tuple) -> None:
+    """A tensorclass context names the class's own fields and static fields (in order); a
+    TensorDict has no static fields. Nested nodes too."""
+    names = getattr(cls, "_tdf_child_names", None)
+    statics = getattr(cls, "_tdf_static_names", ())
+    if names is not None and tuple(ctx[0]) != tuple(names):
+        raise _bad(f"the fields {list(ctx[0])} are not those of {cls.__qualname__}")
+    if tuple(k for k, _ in ctx[5]) != tuple(statics):
+        raise _bad(f"the static fields of a {cls.__qualname__} are not {list(statics)}")
+    for _, token, sub in ctx[7]:
+        _check_fields(class_of(token), sub)
+
+
+def _children(ctx: tuple) -> int:
+    """How many children torch's pytree sees for a node of context ``ctx``: its own
+    non-``None`` children and, nested nodes flattened in place, theirs."""
+    subs = {i for i, _, _ in ctx[7]}
+    own = sum(1 for i, nd in enumerate(ctx[2]) if nd != -1 and i not in subs)
+    return own + sum(_children(sub) for _, _, sub in ctx[7])
+
+
+def _spec_of(obj: Any, unknown: str, depth: int) -> pytree.TreeSpec:
+    if depth > MAX_SPEC_DEPTH:
+        raise _bad(f"nested more than {MAX_SPEC_DEPTH} levels")
+    if not isinstance(obj, dict) or not set(obj) <= _NODE_FIELDS or "children_spec" not in obj:
+        raise _bad("a node is not {'type', 'context', 'children_spec'}")
+    name, raw, kids = obj.get("type"), obj.get("context"), obj["children_spec"]
+    if name is None:
+        if raw is not None or kids != []:
+            raise _bad("a leaf with a context or children")
+        return pytree.treespec_leaf()
+    cls = _node_class(name, unknown)
+    if not isinstance(kids, list):
+        raise _bad("children_spec is not a list")
+    try:
+        inners = nested_type_names(raw)
+    except (ValueError, RecursionError) as e:
+        raise _bad(f"a {name} context: {e}") from None
+    for inner in inners:  # every nested node's type, before anything is built
+        _node_class(inner, unknown)
+    try:
+        ctx = context_from_json(raw)
+    except (ValueError, RecursionError) as e:
+        raise _bad(f"a {name} context: {e}") from None
+    _check_fields(cls, ctx)
+    want = _children(ctx)
+    if len(kids) != want:
+        raise _bad(f"a {name} node has {len(kids)} child specs for {want} children")
+    return pytree.TreeSpec(cls, ctx, [_spec_of(k, unknown, depth + 1) for k in kids])
+
+
+def spec_from_json(tree: Any, unknown: str = E.UNKNOWN_NODE_TYPE) -> pytree.TreeSpec:
+    """The pytree spec of a container from its JSON form (``treespec_dumps``), read from a
+    file or a peer: tdfunc's own decoder, never torch's ``treespec_loads`` (whose decoders
+    for builtin node kinds import modules, follow attributes and subscript what the data
+    names: ``enum`` contexts, ``defaultdict`` factories).
+
+    Allow-list: leaves, and TensorDict / tensorclass nodes registered in this process
+    (looked up by name in the registry; nothing is imported) with contexts of the shape
+    tdfunc writes (keys, batch dims, child ndims, device, static fields of JSON values,
+    nested nodes), a tensorclass's fields its class's own.
+
+    Raises:
+        ValueError: (``unknown``) a container type that is not registered in this process.
+        SpecFormatError: anything else (another node kind, a malformed context, a count of
+            children that does not match).
+    """
+    if not (isinstance(tree, list) and len(tree) == 2 and type(tree[0]) is int and tree[0] == 1):
+        raise _bad("not [1, <node>] (protocol 1)")
+    spec = _spec_of(tree[1], unknown, 0)
+    if spec.is_leaf():
+        raise _bad("the root is a leaf, not a container")
+    return spec
+
+
+def unflatten(tree: Any, leaves: Sequence[Tensor], unknown: str = E.UNKNOWN_NODE_TYPE) -> Any:
+    """Rebuild the sender's (or the saved) container from the JSON ``tree`` (checked by
+    :func:`spec_from_json`) and its leaves; the result satisfies the batch-size invariant
+    of every node (:class:`SpecFormatError` otherwise)."""
+    spec = spec_from_json(tree, unknown)
+    if spec.num_leaves != len(leaves):
+        raise _bad(f"{spec.num_leaves} leaves in the structure, {len(leaves)} given")
+    try:
+        node = pytree.tree_unflatten(list(leaves), spec)
+        check_batch_invariant(node, tree_leaves(node), node._batch_size, "reading a structure")
+    except (ValueError, TypeError, IndexError, RuntimeError) as e:
+        raise _bad(f"{type(e).__name__}: {e}") from None
+    return node
 
 
 def key_of(entry: dict[str, Any]) -> str:
