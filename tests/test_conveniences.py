@@ -207,8 +207,19 @@ def test_split_keys_rename_keys_sorted_keys() -> None:
         lambda td: td.get_at("a", 1) * 2,
         lambda td: td.empty(recurse=True).set("k", td["a"] * 2),
         lambda td: td.filter_empty() * 2,
+        lambda td: td.select(*td.sorted_keys) * 2 if not td.is_empty() else td,
+        lambda td: (td.new_full((4,), 0.5) * 2, td.new_tensor([1.0, 2.0]) * 2),
     ],
-    ids=["pop", "split_keys", "rename_keys", "get_at", "empty", "filter_empty"],
+    ids=[
+        "pop",
+        "split_keys",
+        "rename_keys",
+        "get_at",
+        "empty",
+        "filter_empty",
+        "sorted_keys_is_empty",
+        "new_full_new_tensor",
+    ],
 )
 def test_key_conveniences_compiled(op: Callable[[Any], Any]) -> None:
     cnt = check_compiled(op, lambda: (nested(),))
