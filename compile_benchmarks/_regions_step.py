@@ -1,160 +1,167 @@
-"""One training step of N identical residual blocks, run in a fresh process by
-``test_bench_compile_regions.py``: ``python -m compile_benchmarks._regions_step KIND N``
-prints the first call's wall and CPU time, the median step time and Dynamo's graph count
-as one JSON line.
+"""One training step (AdamW) of a model of identical blocks, run in a fresh process by
+``test_bench_compile_regions.py``: ``python -m compile_benchmarks._regions_step KIND MODEL``
+(``MODEL``: a number N of residual blocks LayerNorm -> Linear 64->256 -> GELU -> Linear
+256->64 on a batch of 32, or ``gpt2``: the 2-layer GPT-2 of ``test_bench_optim``) prints the
+first call's wall and CPU time, the median step time and Dynamo's graph count as one JSON
+line.
 
 Kinds: ``joint`` (today's tdfunc step: functional_call + torch.func.grad_and_value +
 optim.step, one graph, donated), ``compiled_model`` (``torch.compile(model)`` +
-``loss.backward()`` + fused AdamW), ``regional`` (each block ``.compile()``),
-``vg_blockc`` (tdfunc: ``value_and_grad`` over functional_call with the block's forward
-compiled, donated ``optim.step``), ``vg_scan`` (tdfunc: ``stack_modules`` + ``tdfunc.scan``
-in a compiled loss, ``value_and_grad``), ``vg`` (tdfunc: the whole loss compiled,
-``value_and_grad``).
+``loss.backward()`` + fused AdamW), ``regional`` (torch's recipe: each block
+``.compile()``), ``vg_blockc`` (tdfunc: :func:`tdfunc.value_and_grad` over functional_call
+with the block class's forward compiled, donated ``optim.step``), ``vg_scan`` (tdfunc:
+``stack_modules`` + ``tdfunc.scan`` in a compiled loss; blocks only), ``vg`` (tdfunc: the
+whole loss compiled).
 """
 
-# ruff: noqa
-import json, sys, time
-import torch, torch.nn as nn, torch.nn.functional as F
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
 import tdfunc
 from tdfunc import optim
-from torch.utils import _pytree as pytree
-
-torch.set_num_threads(1)
-kind, n = sys.argv[1], int(sys.argv[2])
 
 
 class Block(nn.Module):
-    def __init__(s):
+    def __init__(self) -> None:
         super().__init__()
-        s.ln = nn.LayerNorm(64)
-        s.fc1 = nn.Linear(64, 256)
-        s.fc2 = nn.Linear(256, 64)
+        self.ln = nn.LayerNorm(64)
+        self.fc1 = nn.Linear(64, 256)
+        self.fc2 = nn.Linear(256, 64)
 
-    def forward(s, x):
-        return x + s.fc2(F.gelu(s.fc1(s.ln(x))))
-
-
-if kind == "vg_ncr":
-    Block.forward = torch.compiler.nested_compile_region(Block.forward)
-if kind == "vg_blockc":
-    Block.forward = torch.compile(Block.forward)
-torch.manual_seed(0)
-model = nn.Sequential(*[Block() for _ in range(n)])
-x, y = torch.randn(32, 64), torch.randn(32, 64)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
 
 
-def mse(o, y):
-    return ((o - y) ** 2).mean()
-
-
-def value_and_grad(fn):
-    def w(p, *a):
-        leaves, spec = pytree.tree_flatten(p)
-        ins = [t.detach().requires_grad_() for t in leaves]
-        with torch.enable_grad():
-            loss = fn(pytree.tree_unflatten(ins, spec), *a)
-        g = torch.autograd.grad(loss, ins)
-        return loss.detach(), pytree.tree_unflatten(list(g), spec)
-
-    return w
-
-
-if kind == "joint":
-    opt = optim.adamw(lr=torch.tensor(1e-3))
-
-    def loss_fn(p, x, y):
-        return mse(tdfunc.functional_call(model, p, (x,)), y)
-
-    def step(p, s, x, y):
-        g, loss = torch.func.grad_and_value(loss_fn)(p, x, y)
-        p, s = optim.step(opt, g, s, p)
-        return p, s, loss
-
-    fn = tdfunc.compile(step, donate=(0, 1), fullgraph=True)
-    p = tdfunc.from_module(model, buffers=False).detach().clone()
-    st = [p, opt.init(p)]
-
-    def call():
-        st[0], st[1], l = fn(st[0], st[1], x, y)
-        return l
-elif kind in ("compiled_model", "regional"):
-    if kind == "compiled_model":
-        m = torch.compile(model)
-    else:
-        for b in model:
-            b.compile()
-        m = model
-    topt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3), fused=True)
-
-    def call():
-        loss = mse(m(x), y)
-        loss.backward()
-        topt.step()
-        topt.zero_grad()
-        return loss
-elif kind.startswith("vg"):
-    opt = optim.adamw(lr=torch.tensor(1e-3))
-    if kind == "vg_scan":
-        blocks = tdfunc.stack_modules(list(model), buffers=False).detach()
-        b0 = model[0]
-
-        def loss_fn(p, x, y):
-            def body(h, pi):
-                return tdfunc.functional_call(b0, pi, (h,)), ()
-
-            h, _ = tdfunc.scan(body, x, p)
-            return mse(h, y)
-
-        p = blocks.clone()
-    else:
-
-        def loss_fn(p, x, y):
-            return mse(tdfunc.functional_call(model, p, (x,)), y)
-
-        p = tdfunc.from_module(model, buffers=False).detach().clone()
-    if kind != "vg_blockc":
-        loss_fn = torch.compile(loss_fn, fullgraph=True)
-    vg = value_and_grad(loss_fn)
-    st = [p, opt.init(p)]
-
-    def call():
-        l, g = vg(st[0], x, y)
-        st[0], st[1] = optim.step(opt, g, st[1], st[0], donate=True)
-        return l
-
-
-import resource
-
-
-def _children():
+def _children_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 
 
-k0 = _children()
-c0 = time.process_time()
-t0 = time.perf_counter()
-l0 = call()
-first = time.perf_counter() - t0
-cpu = time.process_time() - c0 + _children() - k0
-ts = []
-for _ in range(30):
-    t = time.perf_counter()
-    call()
-    ts.append(time.perf_counter() - t)
-ts.sort()
-from torch._dynamo.utils import counters
+def main(kind: str, which: str) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    if which == "gpt2":
+        from transformers.models.gpt2 import modeling_gpt2
 
-print(
-    json.dumps(
-        {
-            "kind": kind,
-            "n": n,
-            "first_s": first,
-            "cpu_s": cpu,
-            "step_ms": ts[len(ts) // 2] * 1e3,
-            "loss0": float(l0),
-            "frames": counters["stats"]["unique_graphs"],
-        }
-    )
-)
+        from compile_benchmarks.test_bench_optim import gpt2, lm_loss
+
+        block_cls: type[nn.Module] = modeling_gpt2.GPT2Block
+        model = gpt2()
+        blocks = list(model.transformer.h)
+        x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+        y = x
+
+        def run(call: Any, m: Any, p: Any, x: torch.Tensor) -> torch.Tensor:
+            return (m(x) if p is None else call(m, p, (x,))).logits
+
+        def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return lm_loss(out, y)
+    else:
+        block_cls = Block
+        torch.manual_seed(0)
+        model = nn.Sequential(*[Block() for _ in range(int(which))])
+        blocks = list(model)
+        x, y = torch.randn(32, 64), torch.randn(32, 64)
+
+        def run(call: Any, m: Any, p: Any, x: torch.Tensor) -> torch.Tensor:
+            return m(x) if p is None else call(m, p, (x,))
+
+        def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return ((out - y) ** 2).mean()
+
+    lr = torch.tensor(1e-3)
+    opt = optim.adamw(lr=lr)
+
+    def loss_fn(p: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return loss_of(run(tdfunc.functional_call, model, p, x), y)
+
+    if kind == "joint":
+
+        def step(p: Any, s: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
+            g, loss = torch.func.grad_and_value(loss_fn)(p, x, y)
+            p, s = optim.step(opt, g, s, p)
+            return p, s, loss
+
+        fn = tdfunc.compile(step, donate=(0, 1), fullgraph=True)
+        p = tdfunc.from_module(model, buffers=False).detach().clone()
+        st = [p, opt.init(p)]
+
+        def call() -> torch.Tensor:
+            st[0], st[1], loss = fn(st[0], st[1], x, y)
+            return loss
+    elif kind in ("compiled_model", "regional"):
+        if kind == "compiled_model":
+            m: Any = torch.compile(model)
+        else:
+            for b in blocks:
+                b.compile()
+            m = model
+        topt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
+
+        def call() -> torch.Tensor:
+            loss = loss_of(run(None, m, None, x), y)
+            loss.backward()
+            topt.step()
+            topt.zero_grad()
+            return loss
+    else:
+        if kind == "vg_scan":
+            b0 = blocks[0]
+
+            def loss_fn(p: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+                def body(h: torch.Tensor, pi: Any) -> Any:
+                    return tdfunc.functional_call(b0, pi, (h,)), ()
+
+                h, _ = tdfunc.scan(body, x, p)
+                return loss_of(h, y)
+
+            p = tdfunc.stack_modules(blocks, buffers=False).detach()
+        else:
+            p = tdfunc.from_module(model, buffers=False).detach().clone()
+        if kind == "vg_blockc":
+            block_cls.forward = torch.compile(block_cls.forward)  # type: ignore[method-assign]
+            vg = tdfunc.value_and_grad(loss_fn)
+        else:
+            vg = tdfunc.value_and_grad(torch.compile(loss_fn, fullgraph=True))
+        st = [p, opt.init(p)]
+
+        def call() -> torch.Tensor:
+            loss, g = vg(st[0], x, y)
+            st[0], st[1] = optim.step(opt, g, st[1], st[0], donate=True)
+            return loss
+
+    k0 = _children_cpu()
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    loss0 = call()
+    first = time.perf_counter() - t0
+    cpu = time.process_time() - c0 + _children_cpu() - k0
+    times = []
+    for _ in range(30):
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    from torch._dynamo.utils import counters
+
+    return {
+        "kind": kind,
+        "model": which,
+        "first_s": first,
+        "cpu_s": cpu,
+        "step_ms": times[len(times) // 2] * 1e3,
+        "loss0": float(loss0),
+        "frames": counters["stats"]["unique_graphs"],
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], sys.argv[2])))

@@ -21,8 +21,11 @@ KINDS = ("vg_blockc", "vg_scan", "regional", "compiled_model", "joint")
 
 
 @pytest.mark.bench_full_only
-@pytest.mark.parametrize("blocks", [2, 8, 24])
-def test_cold_first_call_by_depth(benchmark: Any, blocks: int) -> None:
+@pytest.mark.parametrize("blocks", ["2", "8", "24", "gpt2"])
+def test_cold_first_call_by_depth(benchmark: Any, blocks: str) -> None:
+    kinds = KINDS if blocks != "gpt2" else tuple(k for k in KINDS if k != "vg_scan")
+    if blocks == "gpt2":
+        pytest.importorskip("transformers")
     import json
     import os
     import subprocess
@@ -46,10 +49,10 @@ def test_cold_first_call_by_depth(benchmark: Any, blocks: int) -> None:
         )
         return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
-    got = {k: run(k) for k in KINDS}
+    got = {k: run(k) for k in kinds}
     cpu = {k: v["first_s"] for k, v in got.items()}  # wall (the CPU time misses compile workers)
     info = {
-        "workload": f"cold_step_{blocks}_blocks",
+        "workload": f"cold_step_{blocks}" + ("" if blocks == "gpt2" else "_blocks"),
         "mode": "compiled",
         "contender": "tdfunc",
         "category": CATEGORY,
@@ -66,7 +69,7 @@ def test_cold_first_call_by_depth(benchmark: Any, blocks: int) -> None:
     }
     benchmark.extra_info.update(info)
     print(
-        f"\ncold first call, {blocks} blocks (wall s): "
+        f"\ncold first call, model {blocks} (wall s): "
         + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
     )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
