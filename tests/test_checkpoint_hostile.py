@@ -858,3 +858,72 @@ def test_chunks_of_a_grid_load_and_other_tilings_are_refused(tmp_path: Path) -> 
     with pytest.raises(Corrupt) as e:
         tdd.load_checkpoint(root)
     assert E.CKPT_NOT_GRID.format(name="x") in str(e.value)
+
+
+def test_the_earlier_form_of_a_structure_still_loads() -> None:
+    """Contexts of 7 entries with nested containers as child specs (what tdfunc wrote
+    before nested nodes moved into the context) are within the allow-list."""
+    from tdfunc.distributed._common import wire
+
+    leaf = dict(_LEAF)
+    inner = {
+        "type": "tdfunc.TensorDict",
+        "context": [["b"], 1, [2], None, None, [], []],
+        "children_spec": [leaf],
+    }
+    old = [
+        1,
+        {
+            "type": "tdfunc.TensorDict",
+            "context": [["a", "n"], 1, [1, 1], None, None, [], []],
+            "children_spec": [leaf, inner],
+        },
+    ]
+    back = wire.unflatten(old, [torch.zeros(2), torch.ones(2, 3)])
+    assert back.batch_size == (2,)
+    assert back["n"].batch_size == (2,)
+    assert back["n", "b"].shape == (2, 3)
+
+
+def test_static_fields_of_nested_tuples_load_as_saved(tmp_path: Path) -> None:
+    """JSON lists become tuples at every depth (they became lists below the first level,
+    so the loaded static field differed from the saved one and ``like`` was refused)."""
+    root, _, _ = _saved(tmp_path, Cuts(torch.zeros(2), batch_size=[2]))
+    got = tdd.load_checkpoint(root, like=Cuts(torch.ones(2), batch_size=[2]))
+    assert got.cuts == ((1, 2), (3, 4))
+    assert tdd.load_checkpoint(root).cuts == ((1, 2), (3, 4))
+
+
+@tdfunc.tensorclass
+class Cuts:
+    x: torch.Tensor
+    cuts: tuple = ((1, 2), (3, 4))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda c: c[0].__setitem__(0, {"__enum__": True, "fqn": "this:s", "name": "a"}),
+        lambda c: c.__setitem__(1, "1"),
+        lambda c: c.__setitem__(2, [1, 1, 1]),
+        lambda c: c.__setitem__(3, "cuda; import os"),
+        lambda c: c.__setitem__(5, [["s", {"__enum__": True}]]),
+        lambda c: c.__setitem__(6, [7]),
+        lambda c: c[7][0].__setitem__(0, 5),
+    ],
+    ids=["key", "batch dims", "ndims", "device", "static", "leafless", "nested position"],
+)
+def test_torch_decoder_gets_the_same_checks_for_tdfunc_nodes(edit: Any) -> None:
+    """``torch.utils._pytree.treespec_loads`` (used by ``torch.export.load``) hands a
+    tdfunc node's context to tdfunc's check: a malformed one is a ``ValueError``."""
+    import torch.utils._pytree as P
+
+    from tdfunc._errors import BAD_CONTEXT
+
+    td = _td()
+    dumped = json.loads(P.treespec_dumps(P.tree_structure(td)))
+    assert P.treespec_loads(json.dumps(dumped)) == P.tree_structure(td)
+    edit(dumped[1]["context"])
+    with pytest.raises(ValueError, match="malformed") as e:
+        P.treespec_loads(json.dumps(dumped))
+    assert str(e.value) == BAD_CONTEXT
