@@ -605,8 +605,10 @@ def load_checkpoint(
     needed: the saved container comes back with full plain tensors.
 
     Nothing in the directory runs code: DCP's pickled ``.metadata`` is never read (the
-    manifest, JSON, describes every chunk) and tensor data is read as raw bytes, never
-    unpickled. Every file is checked against the manifest (regular files only, no symlink,
+    manifest, JSON, describes every chunk), tensor data is read as raw bytes, never
+    unpickled, and the structure is read by tdfunc's own decoder (TensorDict and
+    tensorclass types already registered in this process, found by name; nothing the
+    manifest names is imported or looked up). Every file is checked against the manifest (regular files only, no symlink,
     sizes, chunks inside their files and tiling their leaves) before anything is
     allocated. The load pins the version it starts with: a save that commits meanwhile
     does not disturb it.

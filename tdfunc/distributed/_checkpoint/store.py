@@ -6,7 +6,9 @@ and a reader that never hands anything of the directory to ``pickle``.
 Trust: nothing read here is believed before it is checked. Only regular files are opened,
 never through a symlink, each relative to its version folder's descriptor; sizes are
 checked before anything is allocated; every chunk must lie inside its file, cover exactly
-its own bytes, and the chunks of a leaf must tile it. Tensor data is read as raw bytes
+its own bytes, and the chunks of a leaf must tile it as a grid (checked in O(n log n)); a
+JSON key given twice is refused; the structure is read by ``wire.spec_from_json`` (tdfunc
+node types found by name in this process's registry, nothing imported). Tensor data is read as raw bytes
 at the offsets the manifest records (never unpickled), so a crafted file can at worst give
 wrong values, and a verified load (the default) catches those by the SHA-256 of every
 chunk; a caller that keeps :func:`checkpoint_digest` elsewhere catches a crafted manifest.
