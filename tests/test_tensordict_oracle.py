@@ -107,7 +107,6 @@ UNARY = [
     "log10",
     "log1p",
     "log2",
-    "neg",
     "reciprocal",
     "round",
     "sigmoid",
@@ -122,7 +121,6 @@ UNARY = [
     "isnan",
     "isneginf",
     "isposinf",
-    "isreal",
     "bfloat16",
     "bool",
     "double",
@@ -140,7 +138,7 @@ UNARY = [
     "to_dict",
     "is_empty",
 ]
-BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "mod", "rsub"]
+BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum"]
 REDUCE = [
     "sum",
     "mean",
@@ -215,6 +213,11 @@ NT = collections.namedtuple("NT", ["a", "b"])
 CASES: dict[str, Case] = {
     **{n: same(n) for n in UNARY},
     **{n: same(n, OTHER) for n in BINARY},
+    "neg": split(lambda x, y: x.neg(), lambda x, y: -x),
+    "neg_": split(lambda x, y: x.neg_(), lambda x, y: -x),
+    "isreal": split(lambda x, y: x.isreal(), lambda x, y: x.apply(torch.isreal)),
+    "mod": split(lambda x, y: x.mod(y), lambda x, y: x % y),
+    "rsub": split(lambda x, y: x.rsub(y), lambda x, y: torch.rsub(x, y)),
     **{n: same(n, 0) for n in REDUCE},
     **{
         n: split(lambda x, y, n=n: getattr(x, n)(), lambda x, y, n=n: x.to(getattr(torch, n)))
