@@ -17,6 +17,7 @@ from . import _inplace, _keys
 from . import _ops as ops
 from ._compat import DisableTorchFunctionSubclass
 from ._keys import ABSENT, Key, as_path, get_path, is_key
+from ._ops import _lift
 from ._tree import Node, leaves, shallow_copy
 
 T = TypeVar("T", bound="Container")
@@ -608,9 +609,9 @@ class Container(Node):
             if swap:
                 args = (args[1], args[0], *args[2:])
             return ops.elementwise(op, args, kwargs)
-        if name in _ELEMENTWISE:
-            return ops.elementwise(func, args, kwargs)
-        return NotImplemented
+        # everything else: the lifted-op table (pointwise, over batch dims), or a TypeError
+        # naming the function and why it does not lift
+        return _lift.dispatch(func, args, kwargs)
 
 
 _SUPPORTED = (Tensor, int, float, bool, complex)
@@ -694,12 +695,7 @@ _DUNDER: dict[str, tuple[Callable[..., Any], bool]] = {
     "__invert__": (operator.invert, False),
 }
 
-_ELEMENTWISE = frozenset(
-    """add sub mul div true_divide floor_divide remainder pow eq ne lt le gt ge maximum minimum
-    rsub neg abs exp log sqrt sigmoid tanh relu sin cos where clamp lerp
-    bitwise_and bitwise_or bitwise_xor bitwise_not logical_and logical_or logical_xor logical_not
-    __rdiv__ __div__ __invert__
-    __add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__
-    __rfloordiv__ __mod__ __rmod__ __pow__ __rpow__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__
-    __and__ __rand__ __or__ __ror__ __xor__ __rxor__ __neg__ __abs__""".split()  # noqa: SIM905 - a word list reads better than 80 quoted names
-)
+#: every lifted torch function's Tensor-like method (``td.exp()``, ``td.clamp(...)``,
+#: ``td.bool()``, ``td.cumsum(0)``), one mechanism from the table in ``_ops/_lift.py``;
+#: methods written above are kept
+_lift.install_methods(Container)

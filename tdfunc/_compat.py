@@ -34,6 +34,8 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | DisableTorchFunctionSubclass   | torch._C.DisableTorchFunctionSubclass                  | ok   | ok   | ok   | none yet           |
 | TensorBase                     | torch._C.TensorBase                                    | ok   | ok   | ok   | none yet           |
 | OpOverloadPacket               | torch._ops.OpOverloadPacket                            | ok   | ok   | ok   | none yet           |
+| OpOverload                     | torch._ops.OpOverload                                  | ok   | ok   | ok   | none yet           |
+| unary_foreach                  | torch._foreach_<unary> (exp, sigmoid, abs ...)         | ok   | ok   | ok   | none yet           |
 | pad_sequence_op                | torch._C._nn.pad_sequence                              | ok   | ok   | ok   | none yet (5)       |
 | make_wrapper_subclass          | torch.Tensor._make_wrapper_subclass                    | ok   | ok   | ok   | none yet           |
 | make_subclass                  | torch.Tensor._make_subclass                            | ok   | ok   | ok   | none yet           |
@@ -199,6 +201,13 @@ foreach_addcdiv_ = _function(lambda: torch._foreach_addcdiv_, _FOREACH)
 foreach_maximum = _function(lambda: torch._foreach_maximum, _FOREACH)
 #: ``torch._foreach_norm``: one norm per tensor
 foreach_norm = _function(lambda: torch._foreach_norm, _FOREACH)
+#: the out-of-place unary ``torch._foreach_<name>`` functions, by ``<name>`` (``exp``,
+#: ``sigmoid`` ...): the pointwise lift's one call over a container's leaves
+unary_foreach: dict[str, Callable[..., Any]] = {
+    n.removeprefix("_foreach_"): getattr(torch, n)
+    for n in dir(torch)
+    if n.startswith("_foreach_") and not n.endswith("_")
+}
 
 
 # --------------------------------------------------------------------------------------
@@ -289,6 +298,8 @@ TensorBase = _class(lambda: torch._C.TensorBase, "tensor method owners (torch._C
 OpOverloadPacket = _class(
     lambda: torch._ops.OpOverloadPacket, "ATen op schemas (torch._ops.OpOverloadPacket)"
 )
+#: ``torch._ops.OpOverload``: one overload of an operator (its ``tags``: the pointwise lift)
+OpOverload = _class(lambda: torch._ops.OpOverload, "ATen op tags (torch._ops.OpOverload)")
 #: the C function behind ``torch.nn.utils.rnn.pad_sequence``: the torch function a container's
 #: ``__torch_function__`` receives for ``pad_sequence([td, ...])``
 pad_sequence_op = _function(
@@ -480,6 +491,7 @@ __all__ = [
     "DTensorSpec",
     "DisableTorchFunctionSubclass",
     "NormBase",
+    "OpOverload",
     "OpOverloadPacket",
     "StridedShard",
     "TensorBase",
@@ -529,4 +541,5 @@ __all__ = [
     "reparametrize_module",
     "torch_scan",
     "torch_while_loop",
+    "unary_foreach",
 ]

@@ -302,3 +302,15 @@ COMPILE_SLOW = (
     "TORCHINDUCTOR_CACHE_DIR: keep that directory between runs; see the training-loop "
     "guide); TORCH_LOGS=dynamo,aot,inductor shows where the time goes"
 )
+
+# lifted torch functions (_ops/_lift.py, _ops/_pointwise.py)
+LIFT_NOT_LIFTABLE = (
+    "{op} does not lift to containers: {reason}. Call it on each leaf with "
+    "td.apply(lambda x: {op}(x, ...)), or td.apply(f, other) over several containers"
+)
+LIFT_REASON_UNKNOWN = (
+    "it is neither pointwise (no torch.Tag.pointwise on its ATen overloads) nor an op over "
+    "batch dims, so it may mix a leaf's feature dims"
+)
+LIFT_REASON_INPLACE = "it writes into its input (containers are values: use the out-of-place op)"
+LIFT_REASON_OUT = "out= writes into a given tensor (containers are values: use the result)"

@@ -1,0 +1,127 @@
+"""How a torch function lifts to containers: the op table and the dispatch behind
+``Container.__torch_function__``.
+
+One table, read from torch's own metadata, never a hand list:
+
+- the families over batch dims (reductions, scans, softmax, sorting, dim-wise shape and
+  index ops, ``pad``): :func:`tdfunc._ops._batchdim.rule_for`;
+- the pointwise family (every function whose ATen operator is tagged
+  ``torch.Tag.pointwise``, casts, operators a user registers with ``torch.library`` and tags
+  pointwise): :func:`tdfunc._ops._pointwise.rule_for`;
+- anything else cannot lift (it may mix a leaf's feature dims, e.g. ``matmul``): a
+  ``TypeError`` names the function and the reason and points at ``td.apply(...)``.
+
+:data:`METHODS` is the table of container methods that are one-line sugar over these rules
+(``td.exp()``, ``td.clamp(min=0)``, ``td.bool()``, ``td.cumsum(0)``); :func:`install_methods`
+puts them on ``Container`` (names the class defines itself are kept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import _errors as E
+from . import _batchdim, _pointwise
+from ._pointwise import align_to_batch as align_to_batch
+
+
+def _name(func: Any) -> str:
+    mod = getattr(func, "__module__", None) or ""
+    qual = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or str(func)
+    if mod.startswith("torch.nn.functional"):
+        return f"torch.nn.functional.{qual}"
+    if qual.startswith("_VariableFunctionsClass."):
+        return "torch." + qual.split(".", 1)[1]
+    if qual.startswith(("Tensor.", "TensorBase.", "_TensorBase.")):
+        return "Tensor." + qual.split(".", 1)[1]
+    if mod.startswith("torch") or not mod:
+        return f"torch.{qual}" if "." not in qual else qual
+    return f"{mod}.{qual}"
+
+
+def not_liftable(func: Any, reason: str) -> TypeError:
+    """The ``TypeError`` for a torch function that does not lift to containers.
+
+    Example:
+        >>> import torch
+        >>> str(not_liftable(torch.matmul, "it mixes feature dims"))[:47]
+        'torch.matmul does not lift to containers: it mi'
+    """
+    return TypeError(E.LIFT_NOT_LIFTABLE.format(op=_name(func), reason=reason))
+
+
+def _reason(func: Any) -> str:
+    """Why ``func`` does not lift (the error path only: string work Dynamo need not trace)."""
+    name = getattr(func, "__name__", "") or ""
+    if name.endswith("_") and not name.endswith("__"):
+        return E.LIFT_REASON_INPLACE
+    return E.LIFT_REASON_UNKNOWN
+
+
+def rule_for(func: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The rule that lifts ``func`` to containers (called as ``func`` is), or ``None``.
+
+    Example:
+        >>> import torch
+        >>> rule_for(torch.exp) is not None, rule_for(torch.cumsum) is not None
+        (True, True)
+        >>> rule_for(torch.matmul) is None
+        True
+    """
+    r = _batchdim.rule_for(func)
+    if r is not None:
+        return r
+    return _pointwise.rule_for(func)
+
+
+def dispatch(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``func(*args, **kwargs)`` where some argument is a container: the function's rule, or
+    a ``TypeError`` saying why it does not lift (never torch's "Multiple dispatch failed").
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(2), batch_size=[2])
+        >>> dispatch(torch.exp, (td,), {})["a"].tolist()
+        [1.0, 1.0]
+    """
+    if kwargs.get("out") is not None:
+        raise not_liftable(func, E.LIFT_REASON_OUT)
+    if kwargs.get("inplace") is True:
+        raise not_liftable(func, E.LIFT_REASON_INPLACE)
+    rule = rule_for(func)
+    if rule is None:
+        raise not_liftable(func, _reason(func))
+    if "inplace" in kwargs:
+        kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
+    return rule(*args, **kwargs)
+
+
+#: every container method that is sugar over a lifted function: name -> the ``Tensor``
+#: method it mirrors. Pointwise first; the batch-dim table wins where both name one.
+METHODS: dict[str, Callable[..., Any]] = {**_pointwise.METHODS, **_batchdim.METHODS}
+
+
+def _method(name: str, tensor_method: Callable[..., Any]) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return dispatch(tensor_method, (self, *args), kwargs)
+
+    method.__name__ = name
+    method.__qualname__ = f"Container.{name}"
+    method.__doc__ = (
+        f"``Tensor.{name}`` on every leaf, lifted to the container "
+        f"(see the reference's table of lifted functions)."
+    )
+    return method
+
+
+def install_methods(cls: type) -> list[str]:
+    """Put every method of :data:`METHODS` on ``cls`` that ``cls`` (or a base) does not
+    define itself; returns the names installed."""
+    done = []
+    for name, f in METHODS.items():
+        if any(name in vars(k) for k in cls.__mro__ if k is not object):
+            continue
+        setattr(cls, name, _method(name, f))
+        done.append(name)
+    return done

@@ -1,0 +1,249 @@
+"""The pointwise family: torch functions that act on each element alone, lifted leaf by leaf.
+
+Which functions are pointwise is read from torch's own metadata, never from a hand list: a
+torch callable (``torch.x``, ``Tensor.x``, ``torch.special.x``, ``torch.nn.functional.x``)
+is pointwise when the ATen operator of its name (``aten.x`` or ``aten.special_x``) has an
+overload tagged ``torch.Tag.pointwise``; an operator called as itself (``torch.ops.ns.op``,
+one a user registered with ``torch.library`` and tagged pointwise included) when its own
+tags say so. Casts (``Tensor.bool``, ``Tensor.half`` ... every ``Tensor`` method named
+after a ``torch.dtype``) are pointwise too.
+
+The rule (:func:`lift`) is written once against the leaves-plus-structure protocol:
+
+- container operands must have the same structure; the result has it too;
+- a plain tensor argument is broadcast by torch against each leaf, as it is against a
+  tensor (``td + t``), **except** the arguments the schema names ``condition`` or ``mask``
+  (``torch.where``, ``masked_fill``): a mask with at most as many dims as the batch aligns
+  with the *leading* batch dims and expands over each leaf's feature dims
+  (:func:`align_to_batch`), as in tensordict;
+- one argument and no options: one ``torch._foreach_*`` call over the leaves where torch
+  has the twin (``exp``, ``sigmoid``, ``abs`` ...), per-leaf calls inside ``torch.vmap``;
+- results that torch returns as a tuple (``frexp``) come back as a tuple of containers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._compat import OpOverload, OpOverloadPacket, unary_foreach
+from .._tree import is_node, leaves, map_leaves
+from ._math import _can_foreach
+from ._structure import check_batch_invariant, check_same_structure
+
+_POINTWISE = torch.Tag.pointwise
+#: schema argument names of a mask that aligns with the batch dims
+_MASK_NAMES = frozenset({"condition", "mask"})
+
+
+def align_to_batch(tensor: Tensor, batch_ndim: int, leaf: Tensor) -> Tensor:
+    """``tensor`` aligned with the leading batch dims of ``leaf`` (``batch_ndim`` of them),
+    expanded over the leaf's feature dims.
+
+    The alignment rule for a plain tensor next to a container: a mask or index shaped like
+    the batch (or like its first dims) names batch positions, so its dims are the *leading*
+    dims of each leaf, not the trailing ones torch's broadcasting would pick. A tensor with
+    more dims than the batch is returned as it is (torch's broadcasting applies).
+
+    Example:
+        >>> import torch
+        >>> leaf = torch.zeros(3, 2, 4)  # batch (3, 2), feature (4,)
+        >>> align_to_batch(torch.ones(3, 2), 2, leaf).shape
+        torch.Size([3, 2, 4])
+        >>> align_to_batch(torch.ones(3), 2, leaf).shape  # the first batch dim only
+        torch.Size([3, 1, 4])
+    """
+    n = tensor.ndim
+    if n > batch_ndim:
+        return tensor
+    view = tensor.reshape(tensor.shape + (1,) * (leaf.ndim - n))
+    return view.expand(
+        tuple(tensor.shape) + (-1,) * (batch_ndim - n) + tuple(leaf.shape[batch_ndim:])
+    )
+
+
+# --------------------------------------------------------------------------------------
+# which functions are pointwise: ATen tags
+# --------------------------------------------------------------------------------------
+def _tagged(op: Any) -> bool:
+    """An overload tagged pointwise that returns tensors (``aten.equal`` returns a bool)."""
+    rets = op._schema.returns
+    return _POINTWISE in op.tags and bool(rets) and all(str(r.type) == "Tensor" for r in rets)
+
+
+def _packet(name: str) -> Any:
+    for n in (name, f"special_{name}"):
+        p = getattr(torch.ops.aten, n, None)
+        if p is not None and any(_tagged(getattr(p, o)) for o in p.overloads()):
+            return p
+    return None
+
+
+def _mask_positions(packet: Any, method: bool) -> tuple[tuple[int, ...], frozenset[str]]:
+    """Positions (as the Python callable takes them) and names of the mask arguments."""
+    for o in packet.overloads():
+        op = getattr(packet, o)
+        if not _tagged(op):
+            continue
+        args = [a for a in op._schema.arguments if not a.kwarg_only]
+        names = [a.name for a in args]
+        if not _MASK_NAMES.intersection(names):
+            continue
+        if method and "self" in names:  # Tensor.where(self, condition, other)
+            names = ["self"] + [n for n in names if n != "self"]
+        pos = tuple(i for i, n in enumerate(names) if n in _MASK_NAMES)
+        return pos, frozenset(_MASK_NAMES.intersection(names))
+    return (), frozenset()
+
+
+def _is_dtype_name(name: str) -> bool:
+    return isinstance(getattr(torch, name, None), torch.dtype)
+
+
+def _candidates() -> list[tuple[str, Any, bool]]:
+    """(name, callable, is a Tensor method) of every public torch callable by namespace."""
+    out = []
+    for ns, method in ((torch, False), (Tensor, True), (torch.special, False), (F, False)):
+        for attr in dir(ns):
+            # Tensor's comparison operators (``Tensor.__eq__``) reach a container's
+            # ``__torch_function__`` inside compiled code: the ATen op of their plain name
+            name = attr[2:-2] if method and attr.startswith("__") and attr.endswith("__") else attr
+            if name.startswith("_") or name.endswith("_"):
+                continue
+            f = getattr(ns, attr, None)
+            if callable(f) and not isinstance(f, type):
+                out.append((name, f, method and attr == name))
+    return out
+
+
+class _Rule:
+    """The pointwise rule bound to one torch callable (its name and mask positions)."""
+
+    __slots__ = ("func", "mask_names", "mask_pos", "name")
+
+    def __init__(self, func: Any, name: str, mask_pos: tuple[int, ...], mask_names: frozenset[str]):
+        self.func = func
+        self.name = name
+        self.mask_pos = mask_pos
+        self.mask_names = mask_names
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return lift(self.func, self.name, args, kwargs, self.mask_pos, self.mask_names)
+
+
+def _build() -> tuple[dict[Any, _Rule], dict[str, Any]]:
+    table: dict[Any, _Rule] = {}
+    methods: dict[str, Any] = {}
+    for name, f, method in _candidates():
+        if f in table:
+            continue
+        if method and _is_dtype_name(name):
+            table[f] = _Rule(f, name, (), frozenset())
+            methods[name] = f
+            continue
+        p = _packet(name)
+        if p is None:
+            continue
+        table[f] = _Rule(f, name, *_mask_positions(p, method))
+        if method:
+            methods[name] = f
+    return table, methods
+
+
+_RULES, _METHODS = _build()
+
+#: container methods that are sugar over the pointwise rule: method name -> the ``Tensor``
+#: method it mirrors (``td.exp()``, ``td.clamp(min=0)``, ``td.where(mask, 0)``, ``td.bool()``)
+METHODS: dict[str, Any] = _METHODS
+
+#: the lifted torch callables of the pointwise family (for the reference page)
+FUNCTIONS: tuple[Any, ...] = tuple(_RULES)
+
+
+def _is_pointwise_op(func: Any) -> bool:
+    if isinstance(func, OpOverload):
+        return _tagged(func)
+    if isinstance(func, OpOverloadPacket):
+        return any(_tagged(getattr(func, o)) for o in func.overloads())
+    return False
+
+
+def rule_for(func: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The pointwise rule of ``func`` (called as ``func`` is), or ``None``.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(2), batch_size=[2])
+        >>> rule_for(torch.exp)(td)["a"].tolist()
+        [1.0, 1.0]
+        >>> rule_for(torch.matmul) is None
+        True
+    """
+    r = _RULES.get(func)
+    if r is not None:
+        return r
+    if _is_pointwise_op(func):
+        return _Rule(func, str(getattr(func, "__name__", func)), (), frozenset())
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# the rule
+# --------------------------------------------------------------------------------------
+def _tuple_result(ref: Any, out: list[Any]) -> Any:
+    first = out[0]
+    cols = [map_leaves(ref, [o[i] for o in out]) for i in range(len(first))]
+    if type(first) is tuple:
+        return tuple(cols)
+    return type(first)(cols)
+
+
+def lift(
+    func: Any,
+    name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    mask_pos: tuple[int, ...] = (),
+    mask_names: frozenset[str] = frozenset(),
+) -> Any:
+    """``func(*args, **kwargs)`` leaf by leaf: container arguments give their leaves (same
+    structure required), masks align with the batch dims, other values go to every call.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.ones(2, 3), batch_size=[2])
+        >>> mask = torch.tensor([True, False])
+        >>> lift(torch.where, "where", (mask, td, 0.0), {}, (0,))["a"].tolist()
+        [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
+    """
+    nodes = [a for a in args if is_node(a)] + [v for v in kwargs.values() if is_node(v)]
+    ref = nodes[0]
+    for n in nodes[1:]:
+        check_same_structure(ref, n, name)
+    ls = leaves(ref)
+    if len(args) == 1 and not kwargs and name in unary_foreach and _can_foreach(ls):
+        return map_leaves(ref, unary_foreach[name](ls))
+    bd = len(ref._batch_size)
+    acols = [leaves(a) if is_node(a) else None for a in args]
+    kcols = {k: leaves(v) for k, v in kwargs.items() if is_node(v)}
+    masks = [
+        i for i in mask_pos if i < len(args) and isinstance(args[i], Tensor) and args[i].ndim <= bd
+    ]
+    kmasks = [k for k in mask_names if isinstance(kwargs.get(k), Tensor) and kwargs[k].ndim <= bd]
+    out = []
+    for j, leaf in enumerate(ls):
+        a = [c[j] if c is not None else v for v, c in zip(args, acols)]
+        for i in masks:
+            a[i] = align_to_batch(args[i], bd, leaf)
+        kw = {k: (kcols[k][j] if k in kcols else v) for k, v in kwargs.items()}
+        for k in kmasks:
+            kw[k] = align_to_batch(kwargs[k], bd, leaf)
+        out.append(func(*a, **kw))
+    if out and isinstance(out[0], tuple):
+        return _tuple_result(ref, out)
+    check_batch_invariant(ref, out, ref._batch_size, name)
+    return map_leaves(ref, out)
