@@ -460,3 +460,17 @@ def test_manifest_that_does_not_fit_the_tensorclass(tmp_path):
         (p / "manifest.json").write_text(json.dumps(m))
         with pytest.raises(MemmapFormatError, match=message):
             load(p)
+
+
+def test_a_manifest_key_given_twice_is_a_format_error(tmp_path):
+    """JSON readers disagree on a key given twice (Python's keeps the last, others the
+    first): the store refuses it instead of picking one."""
+    p = tmp_path / "s"
+    save(small(), p)
+    raw = (p / "manifest.json").read_text()
+    (p / "manifest.json").write_text('{"data_bytes": 0, ' + raw[1:])
+    with pytest.raises(MemmapFormatError) as ei:
+        load(p)
+    assert str(ei.value) == E.CORRUPT_MANIFEST.format(
+        manifest=str(p / "manifest.json"), detail=E.DUPLICATE_KEY.format(key="data_bytes")
+    )

@@ -93,6 +93,7 @@ STATIC_NOT_JSON = (
 NO_MANIFEST = "{path!r} is not a tdfunc store: {manifest!r} is missing"
 NOT_FOUND = "no tdfunc store at {path!r}"
 CORRUPT_MANIFEST = "corrupt manifest {manifest!r}: {detail}"
+DUPLICATE_KEY = "the key {key!r} is given twice in one JSON object"
 UNKNOWN_VERSION = (
     "manifest {manifest!r} has format version {version!r}; this version of tdfunc reads "
     "versions {supported}. Upgrade tdfunc to load it"

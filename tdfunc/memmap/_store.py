@@ -67,6 +67,7 @@ import torch
 from torch import Tensor
 
 from .._compat import pytree
+from .._json import loads_unique
 from .._keys import fmt_key
 from .._tensorclass import is_tensorclass, restore
 from .._tree import KeyPath, Node, is_node
@@ -716,9 +717,11 @@ def _corrupt(manifest_path: str, detail: str) -> E.MemmapFormatError:
 
 def _parse_manifest(raw: bytes, manifest_path: str) -> dict[str, Any]:
     try:
-        manifest = json.loads(raw)
+        manifest = loads_unique(raw, E.DUPLICATE_KEY)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _corrupt(manifest_path, f"not valid JSON ({e})") from None
+    except ValueError as e:  # a key given twice
+        raise _corrupt(manifest_path, str(e)) from None
     except RecursionError:
         raise _corrupt(manifest_path, "nested too deeply") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

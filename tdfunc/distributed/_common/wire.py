@@ -39,6 +39,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from ..._compat import pytree
+from ..._json import loads_unique
 from ..._keys import KeyPath, fmt_key
 from ..._ops._structure import check_batch_invariant
 from ..._tree import class_of, context_from_json, nested_type_names, node_type
@@ -210,20 +211,11 @@ def dtype_from_name(name: str) -> torch.dtype:
     return dt
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(E.JSON_DUPLICATE_KEY.format(key=k))
-        out[k] = v
-    return out
-
-
 def loads(text: str | bytes) -> Any:
     """JSON from a file or a peer: a key given twice in one object is refused
     (``ValueError``), so every reader of the data reads the same values (JSON readers
     disagree on duplicates: Python's keeps the last one, others the first)."""
-    return json.loads(text, object_pairs_hook=_unique_keys)
+    return loads_unique(text, E.JSON_DUPLICATE_KEY)
 
 
 # --------------------------------------------------------------------------------------
