@@ -287,6 +287,10 @@ def deadline_scale() -> float:
     return max(1.0, load / (os.cpu_count() or 1))
 
 
+#: seconds the ranks get to exit on their own once every one has reported its result
+EXIT_WAIT = 30.0
+
+
 def launch(
     fn: Callable[..., Any],
     world_size: int,
@@ -342,6 +346,14 @@ def launch(
         for _, w in pipes:
             w.close()  # the ranks hold the only write ends: a dead rank gives EOF, not a hang
         _wait(run, procs, readers, timeout, grace)
+        if not run.failures:
+            # every rank reported: let each exit on its own (its exit handlers unlink the
+            # named semaphores it made, e.g. tqdm's lock in a compiling process; a rank killed
+            # mid-exit leaves them to the resource tracker, which warns about "leaked
+            # semaphore objects"), up to EXIT_WAIT seconds
+            exit_by = time.monotonic() + EXIT_WAIT * deadline_scale()
+            for p in started:
+                p.join(timeout=max(0.0, exit_by - time.monotonic()))
     finally:
         for p in started:
             if p.is_alive():
