@@ -233,3 +233,25 @@ def test_compile_is_quiet_below_the_threshold(caplog) -> None:
         assert fn(torch.ones(2)).tolist() == [2.0, 2.0]
         fn(torch.zeros(2))
     assert not [r for r in caplog.records if r.name == "tdfunc.compile"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="torch 2.13-2.15: a nested_compile_region reading module state that is a tensor "
+    "made inside the compiled function (functional_call's private copies) fails in Dynamo "
+    "with 'Freevar has no source'; compile the block's forward instead",
+)
+def test_nested_compile_region_inside_a_compiled_functional_call() -> None:
+    class RBlock(Block):
+        forward = torch.compiler.nested_compile_region(Block.forward)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[RBlock() for _ in range(2)])
+    p = tdfunc.from_module(model, buffers=False)
+    x, y = data()
+
+    def loss_fn(p, x, y):
+        return ((tdfunc.functional_call(model, p, (x,)) - y) ** 2).mean()
+
+    tdfunc.value_and_grad(torch.compile(loss_fn, backend="aot_eager", fullgraph=True))(p, x, y)
