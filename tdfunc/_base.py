@@ -631,13 +631,6 @@ def _split(x: Any, split_size: Any, dim: int = 0) -> Any:
     return ops.split(x, split_size, dim)
 
 
-def _reducer(name: str) -> Callable[..., Any]:
-    def f(x: Any, dim: Any = None, keepdim: bool = False, **kw: Any) -> Any:
-        return ops.reduce(x, name, dim, keepdim, **kw)
-
-    return f
-
-
 _TORCH_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.stack: lambda tensors, dim=0: ops.stack(tensors, dim),
     torch.cat: lambda tensors, dim=0: ops.cat(tensors, dim),
@@ -657,13 +650,7 @@ _TORCH_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.squeeze: lambda x, dim=None: ops.squeeze(x, dim),
     torch.unsqueeze: lambda x, dim: ops.unsqueeze(x, dim),
     torch.flatten: lambda x, start_dim=0, end_dim=-1: ops.flatten(x, start_dim, end_dim),
-    torch.sum: _reducer("sum"),
-    torch.mean: _reducer("mean"),
-    torch.prod: _reducer("prod"),
-    torch.amax: _reducer("amax"),
-    torch.amin: _reducer("amin"),
-    torch.all: lambda x, dim=None: ops.all_(x, dim),
-    torch.any: lambda x, dim=None: ops.any_(x, dim),
+    # reductions (torch.sum ... torch.all) are rules of the lifted-op table (_ops/_batchdim.py)
 }
 
 #: torch functions that accept arbitrary pytrees (higher-order ops such as

@@ -703,6 +703,18 @@ def _pad_sequence_rule(
     return pad_sequence(sequences, batch_first, padding_value, padding_side)
 
 
+def _aggregate(agg: Callable[..., Any], over: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.all(td)`` / ``any`` without a dim: one 0-d bool tensor over every leaf (as
+    ``td.all()``; never a Python bool); with a dim, the rule over batch dims."""
+
+    def rule(*args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and set(kwargs) <= {"dim"} and kwargs.get("dim") is None:
+            return agg(args[0])
+        return over(*args, **kwargs)
+
+    return rule
+
+
 def _functions(name: str) -> list[Any]:
     """The torch callables named ``name`` (``torch.x``, ``Tensor.x``, ``special`` / ``linalg``
     / ``nn.functional`` spellings)."""
@@ -742,6 +754,9 @@ def _build() -> dict[Any, Callable[..., Any]]:
     for name, rule in _SPECIAL.items():
         for f in _functions(name):
             table[f] = rule
+    for name, agg in (("all", all_), ("any", any_)):
+        for f in _functions(name):
+            table[f] = _aggregate(agg, table[f])
     for pred in ("is_floating_point", "is_complex"):
         for f in _functions(pred):
             table[f] = _every_leaf(pred)
