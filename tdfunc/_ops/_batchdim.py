@@ -45,6 +45,7 @@ from .._compat import pad_sequence_op
 from .._tree import is_node, leaves, map_leaves
 from ._indexing import index
 from ._math import elementwise
+from ._pointwise import align_to_batch
 from ._shape import _map_shape, expand, squeeze, unsqueeze
 from ._structure import check_batch_invariant, check_same_structure, norm_dim
 
@@ -237,14 +238,6 @@ def _bind(
 # --------------------------------------------------------------------------------------
 # the family "over dims": reductions, scans, softmax, sorting, dim-wise shape / index ops
 # --------------------------------------------------------------------------------------
-def _align(t: Tensor, leaf: Tensor, bd: int) -> Tensor:
-    """A tensor with one dim per batch dim, expanded over ``leaf``'s feature dims."""
-    feat = leaf.shape[bd:]
-    if not feat:
-        return t
-    return t.reshape(t.shape + (1,) * len(feat)).expand(t.shape + feat)
-
-
 def _get(args: list[Any], kw: dict[str, Any], i: int, name: str) -> Any:
     return args[i] if i < len(args) else kw[name]
 
@@ -363,7 +356,13 @@ def _lift(
     for j, x in enumerate(ls):
         _put(args, kw, 0, self_name, x)
         for i, n, v, al in slots:
-            _put(args, kw, i, n, v[j] if isinstance(v, list) else _align(v, x, bd) if al else v)
+            _put(
+                args,
+                kw,
+                i,
+                n,
+                v[j] if isinstance(v, list) else align_to_batch(v, bd, x) if al else v,
+            )
         outs.append(func(*args, **kw))
     return _result(node, outs, ls[0], bd, whole)
 
