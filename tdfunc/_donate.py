@@ -437,9 +437,9 @@ def compile(  # tdfunc.compile, as torch.compile
     ``torch.compile`` returns it; a function is wrapped for the log below).
 
     Never silent about compile time: a call after the first that compiled again (a guard
-    failed) and a first call that compiled for more than a minute
-    (``tdfunc._donate.SLOW_COMPILE_S``) log a warning on the ``tdfunc.compile`` logger
-    saying why, with torch's ``TORCH_LOGS`` setting that shows more.
+    failed) and a first call that compiled for more than a minute log a warning on the
+    ``tdfunc.compile`` logger saying why, with torch's ``TORCH_LOGS`` setting that shows
+    more.
 
     Args:
         fn: the function (or use ``@tdfunc.compile(donate=...)`` as a decorator).
