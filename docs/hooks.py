@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import logging
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +226,142 @@ def github_slug(value: str, separator: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------
+# the code the guides show: inlined from examples/ (read on GitHub too), checked in sync
+# ----------------------------------------------------------------------------------------
+#: the comment that names where the fenced block after it comes from: a whole example
+#: (``examples/x.py``) or a marked region of it (``examples/x.py:name``, between the lines
+#: ``# --8<-- [start:name]`` and ``# --8<-- [end:name]``)
+CODE_MARKER = re.compile(r"^<!-- code: (examples/[a-z_]+\.py(?::[\w-]+)?) .*-->$")
+CODE_COMMENT = "<!-- code: {ref} (written by `python docs/hooks.py`; do not edit the block) -->"
+#: a fenced include (``--8<-- "examples/x.py:name"``) as pymdownx.snippets wrote it: ``sync``
+#: turns it into an inlined block
+_INCLUDE = re.compile(r'^```(\w*)\n--8<-- "([^"]+)"\n```$', re.MULTILINE)
+_REGION = re.compile(r"^\s*# --8<-- \[(start|end):([\w-]+)\]\s*$")
+
+
+def example_code(ref: str, root: Path = ROOT) -> str:
+    """The code ``ref`` names (``examples/x.py`` or ``examples/x.py:region``) as a guide shows
+    it: the region dedented, marker lines dropped, no trailing blank lines.
+
+    Raises:
+        ValueError: ``ref`` names a region the file does not mark (exactly once).
+    """
+    path, _, region = ref.partition(":")
+    lines = (root / path).read_text(encoding="utf-8").splitlines()
+    if region:
+        starts = [
+            i for i, line in enumerate(lines) if _REGION.match(line) and f"[start:{region}]" in line
+        ]
+        ends = [
+            i for i, line in enumerate(lines) if _REGION.match(line) and f"[end:{region}]" in line
+        ]
+        if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+            raise ValueError(f"{path} does not mark region {region!r} once (start/end lines)")
+        lines = lines[starts[0] + 1 : ends[0]]
+    lines = [line for line in lines if not _REGION.match(line)]
+    text = textwrap.dedent("\n".join(lines)).strip("\n")
+    if any(line.startswith("```") for line in text.splitlines()):
+        raise ValueError(f"{ref}: a line starts with ``` (it would end the guide's code block)")
+    return text
+
+
+def code_blocks(page: str) -> list[tuple[str, str, str]]:
+    """(ref, language, code) of every inlined block of ``page`` (a marker comment, then a
+    fenced block on the next line)."""
+    out = []
+    lines = page.splitlines()
+    for i, line in enumerate(lines):
+        marker = CODE_MARKER.match(line)
+        if marker is None:
+            continue
+        fence = lines[i + 1] if i + 1 < len(lines) else ""
+        if not fence.startswith("```"):
+            raise ValueError(f"{marker.group(1)}: the marker is not followed by a code block")
+        end = lines.index("```", i + 2)
+        out.append((marker.group(1), fence[3:].strip(), "\n".join(lines[i + 2 : end])))
+    return out
+
+
+def sync_page(page: str, root: Path = ROOT) -> str:
+    """``page`` with every inlined block rewritten from its example, and every fenced
+    ``--8<--`` include turned into an inlined block (what ``python docs/hooks.py`` writes)."""
+
+    def inline(ref: str, lang: str) -> str:
+        return f"{CODE_COMMENT.format(ref=ref)}\n```{lang}\n{example_code(ref, root)}\n```"
+
+    page = _INCLUDE.sub(lambda m: inline(m.group(2), m.group(1) or "python"), page)
+    lines = page.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        marker = CODE_MARKER.match(lines[i])
+        if marker is None:
+            out.append(lines[i])
+            i += 1
+            continue
+        end = lines.index("```", i + 2)
+        lang = lines[i + 1][3:].strip() or "python"
+        out.append(inline(marker.group(1), lang))
+        i = end + 1
+    return "\n".join(out)
+
+
+def out_of_sync(root: Path = ROOT) -> list[str]:
+    """The pages (paths relative to ``root``) whose code differs from their examples."""
+    return [
+        path.relative_to(root).as_posix()
+        for path in markdown_pages(root)
+        if sync_page(text := path.read_text(encoding="utf-8"), root) != text
+    ]
+
+
+def markdown_pages(root: Path = ROOT) -> list[Path]:
+    """The pages that show code: the site's Markdown and the README."""
+    return [*sorted((root / "docs").rglob("*.md")), root / "README.md"]
+
+
+# ----------------------------------------------------------------------------------------
+# versions: the pages say what pyproject.toml says
+# ----------------------------------------------------------------------------------------
+def supported_versions(root: Path = ROOT) -> tuple[str, str]:
+    """(``requires-python``, the ``torch`` requirement) of ``pyproject.toml``, e.g.
+    ``(">=3.10", ">=2.13,<2.16")``."""
+    text = (root / "pyproject.toml").read_text(encoding="utf-8")
+    python = re.search(r'^requires-python = "([^"]+)"', text, re.MULTILINE)
+    torch = re.search(r'^dependencies = \[[^\]]*"torch([^"]+)"', text, re.MULTILINE)
+    if python is None or torch is None:
+        raise ValueError("pyproject.toml: no requires-python or no torch dependency found")
+    return python.group(1), torch.group(1)
+
+
+_CLAIMS = (
+    # (what, pattern: group 1 is the claimed lower bound or range)
+    ("torch", re.compile(r"(?:PyTorch|torch) (\d+\.\d+)(?:\.\d+)? or (?:newer|later)")),
+    ("torch", re.compile(r"(?:PyTorch|torch) (>=\s*\d+\.\d+)(?:\.\d+)?(?![\d.,])")),
+    ("torch range", re.compile(r"torch\s*(>=\s*[\d.]+\s*,\s*<\s*[\d.]+)")),
+    ("python", re.compile(r"Python (\d+\.\d+) or (?:newer|later)")),
+    ("python", re.compile(r"Python\s*(>=\s*\d+\.\d+)")),
+)
+
+
+def version_mismatches(text: str, root: Path = ROOT) -> list[str]:
+    """The version claims in ``text`` that pyproject.toml does not make: a minimum Python or
+    torch other than its lower bound, a torch range other than its own."""
+    python, torch = supported_versions(root)
+    lower = {"python": python.removeprefix(">="), "torch": torch.split(",")[0].removeprefix(">=")}
+    bad = []
+    for what, pattern in _CLAIMS:
+        for match in pattern.finditer(text):
+            claim = re.sub(r"\s+", "", match.group(1))
+            ok = (
+                claim == torch if what == "torch range" else claim.removeprefix(">=") == lower[what]
+            )
+            if not ok:
+                bad.append(f"{match.group(0)!r} (pyproject.toml: Python {python}, torch{torch})")
+    return bad
+
+
+# ----------------------------------------------------------------------------------------
 # MkDocs events
 # ----------------------------------------------------------------------------------------
 def on_config(config: Any) -> Any:
@@ -279,3 +416,24 @@ def _check_docstrings() -> None:
                 continue
             if doc is None or not doc.value.strip():
                 log.warning("%s.%s: public name without a docstring", module, name)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """Warn (fail, under ``--strict``) when a page's code differs from its example or a page
+    claims a Python or torch version other than pyproject.toml's."""
+    if sync_page(markdown) != markdown:
+        log.warning(
+            "%s: code differs from examples/ (run `python docs/hooks.py`)", page.file.src_uri
+        )
+    for claim in version_mismatches(markdown):
+        log.warning("%s: %s", page.file.src_uri, claim)
+    return markdown
+
+
+if __name__ == "__main__":  # python docs/hooks.py: rewrite the guides' code from examples/
+    for path in markdown_pages():
+        text = path.read_text(encoding="utf-8")
+        new = sync_page(text)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            print(f"updated {path.relative_to(ROOT)}")

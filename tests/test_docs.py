@@ -180,39 +180,103 @@ def test_nav_lists_every_page_and_only_existing_ones():
 
 
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
-_SNIPPET = re.compile(r'^--8<-- "([^"]+)"$')
 
 
 def _snippets(page: Path) -> list[tuple[str, str]]:
-    """(language, snippet reference) of every fenced block; asserts Python blocks only
-    include files."""
-    out = []
-    for lang, body in _FENCE.findall(page.read_text(encoding="utf-8")):
-        lines = [line.strip() for line in body.splitlines() if line.strip()]
+    """(language, example reference) of every code block; asserts every Python block is
+    inlined from an example (a ``<!-- code: examples/... -->`` marker right above it)."""
+    text = page.read_text(encoding="utf-8")
+    blocks = hooks.code_blocks(text)
+    inlined = {code for _, _, code in blocks}
+    for lang, body in _FENCE.findall(text):
         if lang in ("python", "py", "pycon", ""):
-            bad = [line for line in lines if not _SNIPPET.match(line)]
-            assert bad == [], f"{page.name}: hand-written Python in a code block: {bad[:2]}"
-        out += [(lang, m.group(1)) for line in lines if (m := _SNIPPET.match(line))]
-    return out
+            assert body.rstrip("\n") in inlined, (
+                f"{page.name}: hand-written Python in a code block: {body.splitlines()[:2]}"
+            )
+    return [(lang, ref) for ref, lang, _ in blocks]
 
 
-@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.relative_to(DOCS).as_posix())
-def test_code_in_pages_is_included_from_examples_that_run(page):
-    # every Python block is an include of an example run by `make demo` (examples/*.py),
-    # whole or a marked section of it: no copy that can rot
-    for _, ref in _snippets(page):
+def _shown_pages() -> list[Path]:
+    return [*_pages(), ROOT / "README.md"]
+
+
+@pytest.mark.parametrize("page", _shown_pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_code_in_pages_is_the_code_of_examples_that_run(page):
+    # every Python block is inlined (it reads on GitHub and in the clone) from an example run
+    # by `make demo` (examples/*.py), whole or a marked region, and equals that code today
+    text = page.read_text(encoding="utf-8")
+    assert "--8<--" not in text, f"{page.name}: an include shows as text outside the site"
+    for ref, _, code in hooks.code_blocks(text):
         path, _, section = ref.partition(":")
         assert re.fullmatch(r"examples/[a-z_]+\.py", path), ref
         source = (ROOT / path).read_text(encoding="utf-8")
         if section:
             assert f"# --8<-- [start:{section}]" in source, ref
             assert f"# --8<-- [end:{section}]" in source, ref
+        assert code == hooks.example_code(ref), (
+            f"{page.name}: the block of {ref} differs from the example: run python docs/hooks.py"
+        )
+    assert hooks.sync_page(text) == text
 
 
 def test_every_guide_shows_running_code():
     for page in _pages():
         if page.parent.name == "guides" and page.stem != "performance":
             assert _snippets(page), f"{page.name} includes no example"
+
+
+def test_readme_links_guides_that_show_their_code():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    linked = re.findall(r"\]\((docs/guides/[a-z-]+\.md)\)", readme)
+    assert len(linked) >= 8
+    for rel in linked:
+        page = ROOT / rel
+        if page.stem != "performance":
+            assert hooks.code_blocks(page.read_text(encoding="utf-8")), rel
+
+
+def test_sync_inlines_an_include_and_refreshes_a_stale_block(tmp_path):
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "demo.py").write_text(
+        "import x\n\nif True:\n    # --8<-- [start:part]\n    y = 1\n    # --8<-- [end:part]\n",
+        encoding="utf-8",
+    )
+    include = 'Text.\n\n```python\n--8<-- "examples/demo.py:part"\n```\n'
+    synced = hooks.sync_page(include, tmp_path)
+    marker = hooks.CODE_COMMENT.format(ref="examples/demo.py:part")
+    assert synced == f"Text.\n\n{marker}\n```python\ny = 1\n```\n"
+    assert hooks.code_blocks(synced) == [("examples/demo.py:part", "python", "y = 1")]
+    stale = synced.replace("y = 1", "y = 2")
+    assert hooks.sync_page(stale, tmp_path) == synced
+    whole = hooks.sync_page('```python\n--8<-- "examples/demo.py"\n```', tmp_path)
+    assert "import x" in whole
+    assert "--8<--" not in whole
+    with pytest.raises(ValueError, match="does not mark region 'nope'"):
+        hooks.example_code("examples/demo.py:nope", tmp_path)
+
+
+# --------------------------------------------------------------------------------------
+# versions: every page says what pyproject.toml says
+# --------------------------------------------------------------------------------------
+def test_hooks_read_the_versions_pyproject_declares():
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    (torch_req,) = [d for d in meta["dependencies"] if d.startswith("torch")]
+    assert hooks.supported_versions() == (meta["requires-python"], torch_req[len("torch") :])
+
+
+@pytest.mark.parametrize("page", _shown_pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_pages_claim_the_versions_of_pyproject(page):
+    assert hooks.version_mismatches(page.read_text(encoding="utf-8")) == []
+
+
+def test_version_check_catches_a_wrong_claim():
+    bad = hooks.version_mismatches(
+        "needs Python 3.9 or newer and PyTorch 2.6 or newer (torch>=2.6,<2.16)"
+    )
+    assert len(bad) == 3
+    assert hooks.version_mismatches("Python 3.10 or newer, torch>=2.13,<2.16") == []
 
 
 # --------------------------------------------------------------------------------------
