@@ -34,53 +34,123 @@ class Container(Node):
     # ---------------------------------------------------------------- attributes
     @property
     def batch_size(self) -> torch.Size:
-        """The leading dims shared by every leaf."""
+        """The leading dims shared by every leaf.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.batch_size
+            torch.Size([2])
+        """
         return self._batch_size
 
     @property
     def shape(self) -> torch.Size:
-        """Alias of :attr:`batch_size`."""
+        """Alias of :attr:`batch_size`.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.shape
+            torch.Size([2])
+        """
         return self._batch_size
 
     @property
     def batch_dims(self) -> int:
-        """Number of batch dims."""
+        """Number of batch dims.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.batch_dims
+            1
+        """
         return len(self._batch_size)
 
     @property
     def ndim(self) -> int:
-        """Number of batch dims (alias of :attr:`batch_dims`)."""
+        """Number of batch dims (alias of :attr:`batch_dims`).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.ndim
+            1
+        """
         return len(self._batch_size)
 
     @property
     def device(self) -> torch.device | None:
-        """The device every leaf lives on, or None when not fixed."""
+        """The device every leaf lives on, or None when not fixed.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.device is None, td.to("cpu").device
+            (True, device(type='cpu'))
+        """
         return self._device
 
     @property
     def layout(self) -> torch.layout | None:
         """The layout every leaf has (``torch.strided`` for a container without leaves), or
-        ``None`` when leaves differ. Python-level torch functions read it (``torch.masked``)."""
+        ``None`` when leaves differ. Python-level torch functions read it (``torch.masked``).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.layout
+            torch.strided
+        """
         return ops.common_layout(self)
 
     @property
     def dtype(self) -> torch.dtype | None:
-        """The dtype every leaf has, or ``None`` when leaves differ or there is none."""
+        """The dtype every leaf has, or ``None`` when leaves differ or there is none.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.dtype, td.set("n", torch.zeros(2, dtype=torch.int64)).dtype
+            (torch.float32, None)
+        """
         return ops.common_dtype(self)
 
     def numel(self) -> int:
-        """Product of the batch size."""
+        """Product of the batch size.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.numel()
+            2
+        """
         n = 1
         for s in self._batch_size:
             n = n * s
         return n
 
     def dim(self) -> int:
-        """Number of batch dims."""
+        """Number of batch dims.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.dim()
+            1
+        """
         return len(self._batch_size)
 
     def size(self, dim: int | None = None) -> Any:
-        """The batch size, or one of its dims."""
+        """The batch size, or one of its dims.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.size(), td.size(0)
+            (torch.Size([2]), 2)
+        """
         return self._batch_size if dim is None else self._batch_size[dim]
 
     def __len__(self) -> int:
@@ -164,13 +234,27 @@ class Container(Node):
         return [k for k, _ in self.items(include_nested, leaves_only)]
 
     def values(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
-        """Values in the order of :meth:`keys`."""
+        """Values in the order of :meth:`keys`.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> [v.shape for v in td.values()]
+            [torch.Size([2, 3])]
+        """
         return [v for _, v in self.items(include_nested, leaves_only)]
 
     def items(
         self, include_nested: bool = False, leaves_only: bool = False
     ) -> list[tuple[Any, Any]]:
-        """``(key, value)`` pairs in the order of :meth:`keys`."""
+        """``(key, value)`` pairs in the order of :meth:`keys`.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> [(k, v.shape) for k, v in td.items()]
+            [('x', torch.Size([2, 3]))]
+        """
         pairs = _keys.walk(self, leaves_only=leaves_only, include_nested=include_nested)
         return [(p[0] if len(p) == 1 else p, v) for p, v in pairs]
 
@@ -225,54 +309,134 @@ class Container(Node):
     def rename_keys(self: T, mapping: Any, *, strict: bool = True) -> T:
         """Every ``old -> new`` of ``mapping`` at once (swaps allowed); ``KeyError`` for a
         missing ``old`` when ``strict``, or for a ``new`` that exists and is not renamed away.
-        A renamed key keeps its position when no new key is also an old one."""
+        A renamed key keeps its position when no new key is also an old one.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> list(td.set("y", torch.ones(2)).rename_keys({"x": "y", "y": "x"})["x"].shape)
+            [2]
+        """
         return ops.rename_keys(self, mapping, strict=strict)
 
     def pop(self: T, key: Key, default: Any = _keys.MISSING) -> tuple[Any, T]:
         """PURE, unlike tensordict's: returns ``(value, container without key)`` and leaves
         this container as it was. Write ``value, td = td.pop(key)``; tensordict's
-        ``td.pop(key)`` deletes the key from ``td`` instead."""
+        ``td.pop(key)`` deletes the key from ``td`` instead.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> value, rest = td.pop("x")
+            >>> value.shape, list(rest.keys()), list(td.keys())
+            (torch.Size([2, 3]), [], ['x'])
+        """
         return ops.pop(self, key, default)
 
     def split_keys(self, *key_sets: Sequence[Key], strict: bool = True) -> tuple[Any, ...]:
-        """One container per key set, then one with the rest."""
+        """One container per key set, then one with the rest.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> picked, rest = td.set("y", torch.ones(2)).split_keys(["x"])
+            >>> list(picked.keys()), list(rest.keys())
+            (['x'], ['y'])
+        """
         return ops.split_keys(self, *key_sets, strict=strict)
 
     def get_at(self, key: Key, index: Any, default: Any = _keys.MISSING) -> Any:
-        """``td[key][index]``; ``default`` (when given) for a missing key."""
+        """``td[key][index]``; ``default`` (when given) for a missing key.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.get_at("x", 0).shape, td.get_at("missing", 0, default=None)
+            (torch.Size([3]), None)
+        """
         return ops.get_at(self, key, index, default)
 
     @property
     def sorted_keys(self) -> list[str]:
-        """The top-level keys, sorted."""
+        """The top-level keys, sorted.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.set("a", torch.zeros(2)).sorted_keys  # a property
+            ['a', 'x']
+        """
         return ops.sorted_keys(self)
 
     def is_empty(self) -> bool:
-        """True when no tensor leaf is held at any depth."""
+        """True when no tensor leaf is held at any depth.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.is_empty(), td.empty().is_empty()
+            (False, True)
+        """
         return ops.is_empty(self)
 
     def empty(self: T, recurse: bool = False) -> T:
-        """Same type, batch size and device, no leaves (``recurse``: keep nested containers)."""
+        """Same type, batch size and device, no leaves (``recurse``: keep nested containers).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> e = td.empty()
+            >>> e.batch_size, list(e.keys())
+            (torch.Size([2]), [])
+        """
         return ops.empty(self, recurse)
 
     def filter_empty(self: T) -> T:
-        """Without the nested containers that hold no leaf (pure ``filter_empty_``)."""
+        """Without the nested containers that hold no leaf (pure ``filter_empty_``).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> list(td.set("n", td.empty()).filter_empty().keys())
+            ['x']
+        """
         return ops.filter_empty(self)
 
     def tolist(self, *, convert_tensors: bool = False) -> Any:
         """Nested lists over the batch dims whose elements are dicts of tensors (numbers and
         lists with ``convert_tensors=True``), as tensordict's ``tolist``. Eager only: Python
-        objects built from tensor values cannot stay in a compiled graph."""
+        objects built from tensor values cannot stay in a compiled graph.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.tensor([1, 2]), batch_size=[2])
+            >>> td.tolist(convert_tensors=True)
+            [{'x': 1}, {'x': 2}]
+        """
         return ops.tolist(self, convert_tensors=convert_tensors)
 
     def numpy(self) -> dict[str, Any]:
-        """A nested dict of numpy arrays (eager only)."""
+        """A nested dict of numpy arrays (eager only).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.numpy()["x"].shape
+            (2, 3)
+        """
         return ops.numpy(self)
 
     # ---------------------------------------------------------------- indexing
     @property
     def at(self) -> ops.AtIndexer:
-        """Out-of-place indexed updates: ``td.at[idx].set(value)`` / ``.add(value)``."""
+        """Out-of-place indexed updates: ``td.at[idx].set(value)`` / ``.add(value)``.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.at[0].add(1.0)["x"].sum(1)
+            tensor([3., 0.])
+        """
         return ops.AtIndexer(self)
 
     # ---------------------------------------------------------------- shape
@@ -288,55 +452,152 @@ class Container(Node):
         return ops.reshape(self, *shape)
 
     def view(self: T, *shape: Any) -> T:
-        """View the batch dims with a new shape."""
+        """View the batch dims with a new shape.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3, 4), batch_size=[2, 3])
+            >>> td.view(6).batch_size, td.view(6)["x"].shape
+            (torch.Size([6]), torch.Size([6, 4]))
+        """
         return ops.view(self, *shape)
 
     def permute(self: T, *dims: Any) -> T:
-        """Permute the batch dims."""
+        """Permute the batch dims.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3, 4), batch_size=[2, 3])
+            >>> td.permute(1, 0)["x"].shape
+            torch.Size([3, 2, 4])
+        """
         return ops.permute(self, *dims)
 
     def transpose(self: T, dim0: int, dim1: int) -> T:
-        """Swap two batch dims."""
+        """Swap two batch dims.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3, 4), batch_size=[2, 3])
+            >>> td.transpose(0, 1)["x"].shape
+            torch.Size([3, 2, 4])
+        """
         return ops.transpose(self, dim0, dim1)
 
     def squeeze(self: T, dim: int | None = None) -> T:
-        """Remove batch dims of size 1."""
+        """Remove batch dims of size 1.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.unsqueeze(0).squeeze(0).batch_size
+            torch.Size([2])
+        """
         return ops.squeeze(self, dim)
 
     def unsqueeze(self: T, dim: int) -> T:
-        """Insert a batch dim of size 1."""
+        """Insert a batch dim of size 1.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.unsqueeze(0).batch_size, td.unsqueeze(0)["x"].shape
+            (torch.Size([1, 2]), torch.Size([1, 2, 3]))
+        """
         return ops.unsqueeze(self, dim)
 
     def flatten(self: T, start_dim: int = 0, end_dim: int = -1) -> T:
-        """Flatten a range of batch dims."""
+        """Flatten a range of batch dims.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3, 4), batch_size=[2, 3])
+            >>> td.flatten(0, 1)["x"].shape
+            torch.Size([6, 4])
+        """
         return ops.flatten(self, start_dim, end_dim)
 
     def unflatten(self: T, dim: int, sizes: Sequence[int]) -> T:
-        """Split one batch dim into several."""
+        """Split one batch dim into several.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(6, 4), batch_size=[6])
+            >>> td.unflatten(0, (2, 3))["x"].shape
+            torch.Size([2, 3, 4])
+        """
         return ops.unflatten(self, dim, sizes)
 
     def expand(self: T, *shape: Any) -> T:
-        """Expand the batch dims."""
+        """Expand the batch dims.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.expand(4, 2).batch_size, td.expand(4, 2)["x"].shape
+            (torch.Size([4, 2]), torch.Size([4, 2, 3]))
+        """
         return ops.expand(self, *shape)
 
     # ---------------------------------------------------------------- combination
     def unbind(self: T, dim: int = 0) -> tuple[T, ...]:
-        """Split along a batch dim into a tuple."""
+        """The slices along batch dim ``dim``, as ``torch.unbind``: a tuple of
+        ``batch_size[dim]`` containers of the same type without that dim, whose leaves are
+        views (``leaf.select(dim, i)``) of this container's leaves.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> rows = td.unbind(0)
+            >>> len(rows), rows[0].batch_size, rows[0]["x"].shape
+            (2, torch.Size([]), torch.Size([3]))
+        """
         return ops.unbind(self, dim)
 
     def split(self: T, split_size: int | Sequence[int], dim: int = 0) -> tuple[T, ...]:
-        """Split along a batch dim into pieces of ``split_size`` (or the given sizes)."""
+        """Split along a batch dim into pieces of ``split_size`` (or the given sizes).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(6, 4), batch_size=[6])
+            >>> [p.batch_size[0] for p in td.split([2, 4])], [p.batch_size[0] for p in td.split(4)]
+            ([2, 4], [4, 2])
+        """
         return ops.split(self, split_size, dim)
 
     def chunk(self: T, chunks: int, dim: int = 0) -> tuple[T, ...]:
-        """Split along a batch dim into ``chunks`` pieces."""
+        """Split along a batch dim into ``chunks`` pieces.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(6, 4), batch_size=[6])
+            >>> [p.batch_size[0] for p in td.chunk(3)]
+            [2, 2, 2]
+        """
         return ops.chunk(self, chunks, dim)
 
     # ---------------------------------------------------------------- transforms
     def apply(
         self: T, fn: Callable[..., Tensor], *others: Any, batch_size: Sequence[int] | None = None
     ) -> T:
-        """``fn`` on every leaf (zipped with the leaves of ``others``)."""
+        """``fn`` on every leaf (zipped with the leaves of ``others``, containers of the same
+        structure), in a container of the same structure.
+
+        The result keeps this batch size, so every new leaf must start with these batch
+        dims. When ``fn`` changes them (a reduction over a batch dim, an index, a reshape),
+        pass the result's ``batch_size``: without it a leaf that lost a batch dim is
+        refused with ``ValueError``.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.apply(lambda t: t + 1)["x"].sum()
+            tensor(6.)
+            >>> td.apply(torch.add, td)["x"].shape  # zipped with the leaves of another container
+            torch.Size([2, 3])
+            >>> td.apply(lambda t: t.sum(0), batch_size=[]).batch_size  # a reduction over the batch dim
+            torch.Size([])
+        """
         return ops.apply(self, fn, *others, batch_size=batch_size)
 
     def named_apply(
@@ -360,43 +621,126 @@ class Container(Node):
         return ops.named_apply(self, fn, *others, nested_keys=nested_keys, batch_size=batch_size)
 
     def new_zeros(self: T, *size: Any, **kwargs: Any) -> T:
-        """Batch size ``size``, zeros; each leaf keeps its feature dims and dtype."""
+        """Batch size ``size``, zeros; each leaf keeps its feature dims and dtype.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> z = td.new_zeros(4)
+            >>> z.batch_size, z["x"].shape, z["x"].sum()
+            (torch.Size([4]), torch.Size([4, 3]), tensor(0.))
+        """
         return ops.new_zeros(self, *size, **kwargs)
 
     def new_ones(self: T, *size: Any, **kwargs: Any) -> T:
-        """Batch size ``size``, ones; each leaf keeps its feature dims and dtype."""
+        """Batch size ``size``, ones; each leaf keeps its feature dims and dtype.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.new_ones(4)["x"].sum()
+            tensor(12.)
+        """
         return ops.new_ones(self, *size, **kwargs)
 
     def new_empty(self: T, *size: Any, **kwargs: Any) -> T:
-        """Batch size ``size``, uninitialised; each leaf keeps its feature dims and dtype."""
+        """Batch size ``size``, uninitialised; each leaf keeps its feature dims and dtype.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.new_empty(4)["x"].shape
+            torch.Size([4, 3])
+        """
         return ops.new_empty(self, *size, **kwargs)
 
     def new_full(self: T, size: Sequence[int], fill_value: Any, **kwargs: Any) -> T:
-        """Batch size ``size``, ``fill_value``; each leaf keeps its feature dims and dtype."""
+        """Batch size ``size``, ``fill_value``; each leaf keeps its feature dims and dtype.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.new_full([4], 2.0)["x"].sum()
+            tensor(24.)
+        """
         return ops.new_full(self, size, fill_value, **kwargs)
 
     def new_tensor(self: T, data: Any, **kwargs: Any) -> T:
-        """Every leaf a copy of ``data`` in that leaf's dtype (batch size: ``data``'s shape)."""
+        """Every leaf a copy of ``data`` in that leaf's dtype (batch size: ``data``'s shape).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.new_tensor([1, 2, 3])["x"]
+            tensor([1., 2., 3.])
+        """
         return ops.new_tensor(self, data, **kwargs)
 
     def to(self: T, *args: Any, **kwargs: Any) -> T:
-        """Move / cast every leaf (``td.to("cpu")``, ``td.to(torch.float64)``)."""
+        """Move / cast every leaf (``td.to("cpu")``, ``td.to(torch.float64)``).
+
+        A dtype casts **every** leaf, integer and bool leaves included (labels become
+        ``float64``), unlike ``nn.Module.to``, which casts floating-point tensors only. To cast
+        the floating leaves only, use :meth:`apply` with
+        ``lambda t: t.to(dtype) if t.is_floating_point() else t`` (below).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), label=torch.tensor([1, 0]), batch_size=[2])
+            >>> td.to(torch.float64)["label"].dtype  # every leaf, integers included
+            torch.float64
+            >>> cast = td.apply(lambda t: t.to(torch.float64) if t.is_floating_point() else t)
+            >>> cast["x"].dtype, cast["label"].dtype  # floating leaves only, as nn.Module.to
+            (torch.float64, torch.int64)
+        """
         return ops.to(self, *args, **kwargs)
 
     def clone(self: T) -> T:
-        """A copy with cloned leaves."""
+        """A copy with cloned leaves: new plain tensors with the same values, sharing no
+        memory with this container. A memory-mapped leaf (from :func:`tdfunc.load`) becomes
+        a plain in-memory ``torch.Tensor``, detached from its file and mode.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> c = td.clone()
+            >>> c["x"] is td["x"], torch.equal(c["x"], td["x"])
+            (False, True)
+        """
         return ops.clone(self)
 
     def detach(self: T) -> T:
-        """Leaves detached from autograd."""
+        """Leaves detached from autograd.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> w = torch.zeros(2, requires_grad=True)
+            >>> tdfunc.TensorDict(w=w * 2, batch_size=[2]).detach()["w"].requires_grad
+            False
+        """
         return ops.detach(self)
 
     def contiguous(self: T) -> T:
-        """Contiguous leaves."""
+        """Contiguous leaves.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3, 4), batch_size=[2, 3])
+            >>> td.transpose(0, 1).contiguous()["x"].is_contiguous()
+            True
+        """
         return ops.contiguous(self)
 
     def consolidate(self: T) -> T:
-        """A copy whose leaves are views into one flat buffer."""
+        """A copy whose leaves are views into one flat buffer.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> c = td.set("y", torch.ones(2)).consolidate()
+            >>> c["x"].untyped_storage().data_ptr() == c["y"].untyped_storage().data_ptr()
+            True
+        """
         return ops.consolidate(self)
 
     def float(self: T) -> T:
@@ -408,15 +752,36 @@ class Container(Node):
         return ops.to(self, torch.float64)
 
     def cpu(self: T) -> T:
-        """Move leaves to the CPU."""
+        """Move leaves to the CPU.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.cpu()["x"].device
+            device(type='cpu')
+        """
         return ops.to(self, "cpu")
 
     def copy(self: T) -> T:
-        """A shallow copy: a new container sharing the same leaves."""
+        """A shallow copy: a new container sharing the same leaves.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> td.copy()["x"] is td["x"]
+            True
+        """
         return shallow_copy(self)
 
     def leaves(self) -> list[Tensor]:
-        """All tensor leaves, depth first."""
+        """All tensor leaves, depth first.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
+            >>> [t.shape for t in td.set(("n", "y"), torch.ones(2)).leaves()]
+            [torch.Size([2, 3]), torch.Size([2])]
+        """
         return leaves(self)
 
     def to_state_dict(self, sep: str = ".") -> dict[str, Tensor]:
@@ -528,7 +893,13 @@ class Container(Node):
         return ops.unary(operator.invert, self)
 
     def abs(self: T) -> T:
-        """Elementwise absolute value."""
+        """Elementwise absolute value.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> tdfunc.TensorDict(x=torch.tensor([-1.0, 2.0]), batch_size=[2]).abs()["x"]
+            tensor([1., 2.])
+        """
         return ops.unary(torch.abs, self)
 
     def bitwise_not(self: T) -> T:
@@ -546,39 +917,102 @@ class Container(Node):
 
     # ---------------------------------------------------------------- reductions
     def sum(self: T, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> T:
-        """Sum over batch dims ``dim`` (or each whole leaf when ``dim=None``)."""
+        """Sum over batch dims ``dim`` (or each whole leaf when ``dim=None``).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), batch_size=[2])
+            >>> td.sum(0)["x"], td.sum()["x"]
+            (tensor([4., 6.]), tensor(10.))
+        """
         return ops.reduce(self, "sum", dim, keepdim, **kwargs)
 
     def mean(self: T, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> T:
-        """Mean over batch dims ``dim`` (or each whole leaf)."""
+        """Mean over batch dims ``dim`` (or each whole leaf).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), batch_size=[2])
+            >>> td.mean(0)["x"]
+            tensor([2., 3.])
+        """
         return ops.reduce(self, "mean", dim, keepdim, **kwargs)
 
     def prod(self: T, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> T:
-        """Product over batch dims ``dim`` (or each whole leaf)."""
+        """Product over batch dims ``dim`` (or each whole leaf).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), batch_size=[2])
+            >>> td.prod(0)["x"]
+            tensor([3., 8.])
+        """
         return ops.reduce(self, "prod", dim, keepdim, **kwargs)
 
     def amax(self: T, dim: Any = None, keepdim: bool = False) -> T:
-        """Maximum over batch dims ``dim`` (or each whole leaf)."""
+        """Maximum over batch dims ``dim`` (or each whole leaf).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), batch_size=[2])
+            >>> td.amax(0)["x"]
+            tensor([3., 4.])
+        """
         return ops.reduce(self, "amax", dim, keepdim)
 
     def amin(self: T, dim: Any = None, keepdim: bool = False) -> T:
-        """Minimum over batch dims ``dim`` (or each whole leaf)."""
+        """Minimum over batch dims ``dim`` (or each whole leaf).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), batch_size=[2])
+            >>> td.amin(0)["x"]
+            tensor([1., 2.])
+        """
         return ops.reduce(self, "amin", dim, keepdim)
 
     def std(self: T, dim: Any = None, keepdim: bool = False, *, correction: int = 1) -> T:
-        """Standard deviation over batch dims ``dim`` (or each whole leaf)."""
+        """Standard deviation over batch dims ``dim`` (or each whole leaf).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), batch_size=[2])
+            >>> td.std(0)["x"]
+            tensor([1.4142, 1.4142])
+        """
         return ops.reduce(self, "std", dim, keepdim, correction=correction)
 
     def var(self: T, dim: Any = None, keepdim: bool = False, *, correction: int = 1) -> T:
-        """Variance over batch dims ``dim`` (or each whole leaf)."""
+        """Variance over batch dims ``dim`` (or each whole leaf).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), batch_size=[2])
+            >>> td.var(0)["x"]
+            tensor([2., 2.])
+        """
         return ops.reduce(self, "var", dim, keepdim, correction=correction)
 
     def all(self, dim: Any = None) -> Any:
-        """0-d bool tensor (never a Python bool); a container when ``dim`` is given."""
+        """0-d bool tensor (never a Python bool); a container when ``dim`` is given.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(b=torch.tensor([True, False]), batch_size=[2])
+            >>> td.all(), td.all(0)["b"]
+            (tensor(False), tensor(False))
+        """
         return ops.all_(self, dim)
 
     def any(self, dim: Any = None) -> Any:
-        """0-d bool tensor (never a Python bool); a container when ``dim`` is given."""
+        """0-d bool tensor (never a Python bool); a container when ``dim`` is given.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(b=torch.tensor([True, False]), batch_size=[2])
+            >>> td.any(), td.any(0)["b"]
+            (tensor(True), tensor(True))
+        """
         return ops.any_(self, dim)
 
     # ---------------------------------------------------------------- torch functions

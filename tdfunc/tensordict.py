@@ -223,13 +223,27 @@ class TensorDict(Container):
         return ops.index(self, key)
 
     def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
-        """Keys: strings at the top level, tuples for nested keys when ``include_nested``."""
+        """Keys: strings at the top level, tuples for nested keys when ``include_nested``.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(2), n={"b": torch.zeros(2)}, batch_size=[2])
+            >>> list(td.keys()), list(td.keys(include_nested=True, leaves_only=True))
+            (['a', 'n'], ['a', ('n', 'b')])
+        """
         if not include_nested and not leaves_only:
             return list(self._data)
         return [k for k, _ in self.items(include_nested, leaves_only)]
 
     def values(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
-        """Values in the order of :meth:`keys`."""
+        """Values in the order of :meth:`keys`.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(2), n={"b": torch.zeros(2)}, batch_size=[2])
+            >>> [v.shape for v in td.values(include_nested=True, leaves_only=True)]
+            [torch.Size([2]), torch.Size([2])]
+        """
         if not include_nested and not leaves_only:
             return list(self._data.values())
         return [v for _, v in self.items(include_nested, leaves_only)]
@@ -238,14 +252,28 @@ class TensorDict(Container):
         self, include_nested: bool = False, leaves_only: bool = False
     ) -> list[tuple[Any, Any]]:
         """``(key, value)`` pairs in the order of :meth:`keys`: strings at the top level,
-        tuples below it."""
+        tuples below it.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(2), n={"b": torch.zeros(2)}, batch_size=[2])
+            >>> [k for k, _ in td.items(include_nested=True, leaves_only=True)]
+            ['a', ('n', 'b')]
+        """
         if not include_nested and not leaves_only:
             return list(self._data.items())
         return super().items(include_nested, leaves_only)
 
     # ------------------------------------------------------------------ functional updates
     def set(self, key: KeyLike, value: Any) -> TensorDict:
-        """A new TensorDict with ``value`` at ``key`` (tuple keys create nested levels)."""
+        """A new TensorDict with ``value`` at ``key`` (tuple keys create nested levels).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(2), n={"b": torch.zeros(2)}, batch_size=[2])
+            >>> td.set(("n", "c"), torch.ones(2))["n", "c"]
+            tensor([1., 1.])
+        """
         if isinstance(key, str):  # fast path: one top-level key
             return self._tdf_set(key, value)
         return set_path(self, as_path(key), value)
@@ -253,7 +281,14 @@ class TensorDict(Container):
     def update(
         self, other: Mapping[str, Any] | TensorDict | None = None, /, **kwargs: Any
     ) -> TensorDict:
-        """A new TensorDict with the entries of ``other`` (nested mappings merged recursively)."""
+        """A new TensorDict with the entries of ``other`` (nested mappings merged recursively).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(2), n={"b": torch.zeros(2)}, batch_size=[2])
+            >>> list(td.update({"n": {"c": torch.ones(2)}}).keys(True, True))
+            ['a', ('n', 'b'), ('n', 'c')]
+        """
         out: TensorDict = self
         pairs: list[tuple[Any, Any]] = []
         if other is not None:
@@ -294,7 +329,14 @@ class TensorDict(Container):
         return TensorDict._new(data, bs, dev)
 
     def replace(self, **kwargs: Any) -> TensorDict:
-        """A new TensorDict with existing top-level keys replaced (``KeyError`` for new keys)."""
+        """A new TensorDict with existing top-level keys replaced (``KeyError`` for new keys).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(2), n={"b": torch.zeros(2)}, batch_size=[2])
+            >>> td.replace(a=torch.ones(2))["a"]
+            tensor([1., 1.])
+        """
         data = dict(self._data)
         for k, v in kwargs.items():
             if k not in data:
@@ -340,7 +382,15 @@ class TensorDict(Container):
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain nested dict of tensors (nested TensorDicts become dicts)."""
+        """A plain nested dict of tensors (nested TensorDicts become dicts).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(a=torch.zeros(2), n={"b": torch.zeros(2)}, batch_size=[2])
+            >>> d = td.to_dict()
+            >>> type(d["n"]).__name__, d["n"]["b"].shape
+            ('dict', torch.Size([2]))
+        """
         return {k: (v.to_dict() if isinstance(v, TensorDict) else v) for k, v in self._data.items()}
 
     # ------------------------------------------------------------------ pickling / copy
