@@ -580,7 +580,15 @@ def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwarg
         for d in reversed(dims):
             out = _RULES[fn](out, d, keepdim=keepdim, **kwargs)
         return out
-    return _RULES[fn](node, dims, keepdim=keepdim, **kwargs)
+    if not bs:  # dim 0 / -1 of a 0-d batch: the rule's 0-d path
+        return _RULES[fn](node, dims, keepdim=keepdim, **kwargs)
+    # the hot path of td.sum(0) & co: the dims are known batch dims, nothing to bind
+    out = [fn(x, dims, keepdim=keepdim, **kwargs) for x in leaves(node)]
+    if keepdim:
+        new_bs = torch.Size([1 if i in dims else s for i, s in enumerate(bs)])
+    else:
+        new_bs = torch.Size([s for i, s in enumerate(bs) if i not in dims])
+    return map_leaves(node, out, new_bs)
 
 
 #: reductions whose torch function takes a single dim
