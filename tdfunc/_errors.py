@@ -276,7 +276,9 @@ BATCHDIM_NO_OVERLOAD = (
 )
 
 # value_and_grad (_grad.py)
-GRAD_ARGNUMS = "value_and_grad: argnums must be an int or a sequence of distinct ints, got {value!r}"
+GRAD_ARGNUMS = (
+    "value_and_grad: argnums must be an int or a sequence of distinct ints, got {value!r}"
+)
 GRAD_ARGNUM_RANGE = (
     "value_and_grad: argnums names argument {index}, but the function was called with {n} "
     "positional arguments"
