@@ -27,6 +27,21 @@ class Container(Node):
     """Base class of :class:`tdfunc.TensorDict` and ``@tdfunc.tensorclass`` types.
 
     It holds the batch size and device; subclasses hold the children.
+
+    Besides the methods below, a container has one method per entry of the op table
+    (``tdfunc._ops._lift.METHODS``), each the ``Tensor`` method of that name on every leaf: the
+    pointwise family (``td.exp()``, ``td.clamp(min=0)``, ``td.bool()``, ...) keeps the batch
+    size; the batch-dim family (``td.cumsum(0)``, ``td.softmax(0)``, ...) takes batch dims.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(x=torch.tensor([[0.0, 1.0], [2.0, 3.0]]), batch_size=[2])
+        >>> td.clamp(min=1.0)["x"]  # the pointwise family
+        tensor([[1., 1.],
+                [2., 3.]])
+        >>> td.cumsum(0)["x"]  # the batch-dim family: dim 0 is the batch dim
+        tensor([[0., 1.],
+                [2., 4.]])
     """
 
     __slots__ = ("_batch_size", "_device")
@@ -742,14 +757,6 @@ class Container(Node):
             True
         """
         return ops.consolidate(self)
-
-    def float(self: T) -> T:
-        """Cast leaves to float32."""
-        return ops.to(self, torch.float32)
-
-    def double(self: T) -> T:
-        """Cast leaves to float64."""
-        return ops.to(self, torch.float64)
 
     def cpu(self: T) -> T:
         """Move leaves to the CPU.

@@ -27,12 +27,17 @@ _DYNAMO = "torch._dynamo"
 _PENDING: list[tuple[Callable[..., Any], Callable[..., Any]]] = []
 
 
+_CONSTANT: list[Callable[..., Any]] = []
+
+
 def _register_pending() -> None:
     import torch
 
     while _PENDING:
         original, traced = _PENDING.pop(0)
         torch.compiler.substitute_in_graph(original, skip_signature_check=True)(traced)
+    while _CONSTANT:
+        torch.compiler.assume_constant_result(_CONSTANT.pop(0))
 
 
 class _Hook(importlib.abc.MetaPathFinder):
@@ -84,3 +89,21 @@ def traced_as(original: Callable[..., Any]) -> Callable[[F], F]:
         return traced
 
     return deco
+
+
+def constant_when_traced(fn: F) -> F:
+    """Mark ``fn`` with ``torch.compiler.assume_constant_result`` (Dynamo calls it while
+    tracing and keeps its result as a constant), now when ``torch._dynamo`` is imported,
+    else as soon as it is. For pure functions of static objects (an operator's tags).
+
+    Example:
+        >>> @constant_when_traced
+        ... def tags_of(op):
+        ...     return ()
+    """
+    _CONSTANT.append(fn)
+    if _DYNAMO in sys.modules:
+        _register_pending()
+    elif _HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _HOOK)
+    return fn

@@ -5,8 +5,9 @@ torch callable (``torch.x``, ``Tensor.x``, ``torch.special.x``, ``torch.nn.funct
 is pointwise when the ATen operator of its name (``aten.x`` or ``aten.special_x``) has an
 overload tagged ``torch.Tag.pointwise``; an operator called as itself (``torch.ops.ns.op``,
 one a user registered with ``torch.library`` and tagged pointwise included) when its own
-tags say so. Casts (``Tensor.bool``, ``Tensor.half`` ... every ``Tensor`` method named
-after a ``torch.dtype``) are pointwise too.
+tags say so. Casts (``Tensor.bool``, ``Tensor.half`` ... every ``Tensor`` method torch
+documents as ``self.to(torch.<dtype>)``) are pointwise too, and so are the few compositions
+ATen leaves untagged (:data:`_COMPOSITE_POINTWISE`, each with its reason).
 
 The rule (:func:`lift`) is written once against the leaves-plus-structure protocol:
 
@@ -23,6 +24,7 @@ The rule (:func:`lift`) is written once against the leaves-plus-structure protoc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +34,7 @@ from torch import Tensor
 
 from .._compat import OpOverload, OpOverloadPacket, unary_foreach
 from .._tree import is_node, leaves, map_leaves
+from .._twins import constant_when_traced
 from ._math import _can_foreach
 from ._structure import check_batch_invariant, check_same_structure
 
@@ -75,12 +78,49 @@ def _tagged(op: Any) -> bool:
     return _POINTWISE in op.tags and bool(rets) and all(str(r.type) == "Tensor" for r in rets)
 
 
+#: ATen ops that compute element by element but carry no pointwise tag because ATen
+#: registers them as compositions (CompositeImplicitAutograd: the tag is read off the ops
+#: they decompose into) or leaves them untagged, and Python compositions of pointwise ops in
+#: ``torch.nn.functional``; each computes one output element from the same position of its
+#: inputs alone (the only names the rule does not read from tags)
+_COMPOSITE_POINTWISE = frozenset(
+    {
+        "isclose",  # abs, mul, add, le, eq ... (CompositeImplicitAutograd)
+        "floor_divide",  # div(rounding_mode='floor'), untagged
+        "log_sigmoid",  # log_sigmoid_forward (CompositeImplicitAutograd)
+        "special_ndtr",  # erf (CompositeImplicitAutograd)
+        "real",  # a view of the real part
+        "imag",  # a view of the imaginary part
+        "conj",  # the conjugate bit
+        "isreal",  # imag == 0
+        "positive",  # identity
+        "complex",  # real + 1j * imag
+        "polar",  # abs * (cos + 1j * sin)
+        "softsign",  # input / (1 + abs(input)), Python
+        "tanhshrink",  # input - tanh(input), Python
+    }
+)
+
+
 def _packet(name: str) -> Any:
     for n in (name, f"special_{name}"):
         p = getattr(torch.ops.aten, n, None)
-        if p is not None and any(_tagged(getattr(p, o)) for o in p.overloads()):
+        if isinstance(p, OpOverloadPacket) and any(_tagged(getattr(p, o)) for o in p.overloads()):
             return p
     return None
+
+
+def _is_composite(name: str) -> bool:
+    return name in _COMPOSITE_POINTWISE or f"special_{name}" in _COMPOSITE_POINTWISE
+
+
+_CAST = re.compile(r"is equivalent to ``self\.to\(torch\.(\w+)\)``")
+
+
+def _is_cast(name: str, f: Any) -> bool:
+    """A ``Tensor`` method its docstring documents as ``self.to(torch.<dtype>)``."""
+    m = _CAST.search(getattr(f, "__doc__", None) or "")
+    return m is not None and isinstance(getattr(torch, m.group(1), None), torch.dtype)
 
 
 def _mask_positions(packet: Any, method: bool) -> tuple[tuple[int, ...], frozenset[str]]:
@@ -98,10 +138,6 @@ def _mask_positions(packet: Any, method: bool) -> tuple[tuple[int, ...], frozens
         pos = tuple(i for i, n in enumerate(names) if n in _MASK_NAMES)
         return pos, frozenset(_MASK_NAMES.intersection(names))
     return (), frozenset()
-
-
-def _is_dtype_name(name: str) -> bool:
-    return isinstance(getattr(torch, name, None), torch.dtype)
 
 
 def _candidates() -> list[tuple[str, Any, bool]]:
@@ -141,14 +177,20 @@ def _build() -> tuple[dict[Any, _Rule], dict[str, Any]]:
     for name, f, method in _candidates():
         if f in table:
             continue
-        if method and _is_dtype_name(name):
+        if method and _is_cast(name, f):
             table[f] = _Rule(f, name, (), frozenset())
             methods[name] = f
             continue
-        p = _packet(name)
+        # the attribute's name, or the C function's own (``F.logsigmoid`` is ``log_sigmoid``)
+        alt = getattr(f, "__name__", name) if not method else name
+        alt = alt if isinstance(alt, str) and not alt.startswith("_") else name
+        p = _packet(name) or _packet(alt)
         if p is None:
-            continue
-        table[f] = _Rule(f, name, *_mask_positions(p, method))
+            if not (_is_composite(name) or _is_composite(alt)):
+                continue
+            table[f] = _Rule(f, name, (), frozenset())
+        else:
+            table[f] = _Rule(f, name, *_mask_positions(p, method))
         if method:
             methods[name] = f
     return table, methods
@@ -164,7 +206,10 @@ METHODS: dict[str, Any] = _METHODS
 FUNCTIONS: tuple[Any, ...] = tuple(_RULES)
 
 
+@constant_when_traced
 def _is_pointwise_op(func: Any) -> bool:
+    """An operator called as itself (``torch.ops.ns.op``) tagged pointwise; read once and
+    kept as a constant by Dynamo (tags are fixed when an operator is registered)."""
     if isinstance(func, OpOverload):
         return _tagged(func)
     if isinstance(func, OpOverloadPacket):

@@ -1,0 +1,261 @@
+"""The pointwise family and the dispatch of torch functions on containers (_ops/_lift.py,
+_ops/_pointwise.py): tag-derived lifting, the batch alignment rule for masks, casts,
+methods, user operators, foreach, the TypeError of what does not lift."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import tdfunc
+from tdfunc import _errors as E
+from tdfunc._ops import _lift, _pointwise
+
+
+def make(seed: int = 0) -> tdfunc.TensorDict:
+    g = torch.Generator().manual_seed(seed)
+    return tdfunc.TensorDict(
+        a=torch.randn(3, 2, 4, generator=g),
+        n={"b": torch.randn(3, 2, generator=g), "c": torch.randn(3, 2, 5, 2, generator=g)},
+        batch_size=[3, 2],
+    )
+
+
+@tdfunc.tensorclass
+class Pair:
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def make_tc() -> Pair:
+    return Pair(x=torch.randn(3, 4), y=torch.randn(3), batch_size=[3])
+
+
+def compiled(fn):
+    cnt = CompileCounterWithBackend("eager")
+    return torch.compile(fn, backend=cnt, fullgraph=True), cnt
+
+
+# ------------------------------------------------------------------ the alignment rule
+def test_where_with_a_batch_mask_matches_tensordict():
+    tensordict = pytest.importorskip("tensordict")
+    td = make()
+    mask = torch.tensor([True, False, True])
+    got = torch.where(mask, td, 0)
+    ref = torch.where(mask, tensordict.TensorDict(td.to_dict(), batch_size=[3, 2]), 0)
+    for k in (("a",), ("n", "b"), ("n", "c")):
+        torch.testing.assert_close(got[k], ref[k])
+    assert got.batch_size == td.batch_size
+    assert (got["a"][1] == 0).all()
+    assert (got["a"][0] == td["a"][0]).all()
+
+
+def test_where_full_batch_mask_and_method():
+    td = make()
+    mask = torch.rand(3, 2) > 0.5
+    got = td.where(mask, torch.zeros(()))
+    want = torch.where(mask[..., None], td["a"], 0.0)
+    torch.testing.assert_close(got["a"], want)
+    torch.testing.assert_close(got["n", "c"], torch.where(mask[..., None, None], td["n", "c"], 0.0))
+
+
+def test_masked_fill_aligns_the_mask_with_the_batch():
+    td = make()
+    mask = torch.tensor([True, False, False])
+    got = td.masked_fill(mask, 1.5)
+    assert (got["a"][0] == 1.5).all()
+    assert (got["a"][1:] == td["a"][1:]).all()
+    assert (got["n", "c"][0] == 1.5).all()
+
+
+def test_mask_with_more_dims_than_the_batch_broadcasts_as_torch():
+    td = make()
+    mask = torch.rand(3, 2, 4) > 0.5  # shaped like leaf "a": torch's broadcasting
+    td1 = tdfunc.TensorDict(a=td["a"], batch_size=[3, 2])
+    torch.testing.assert_close(torch.where(mask, td1, 0.0)["a"], torch.where(mask, td["a"], 0.0))
+
+
+def test_arithmetic_with_a_tensor_keeps_torch_broadcasting():
+    td = tdfunc.TensorDict(a=torch.randn(3, 4), batch_size=[3])
+    t = torch.randn(4)
+    torch.testing.assert_close(torch.add(td, t)["a"], td["a"] + t)
+
+
+def test_align_to_batch():
+    leaf = torch.zeros(3, 2, 4)
+    assert _lift.align_to_batch(torch.ones(3, 2), 2, leaf).shape == (3, 2, 4)
+    assert _lift.align_to_batch(torch.ones(3), 2, leaf).shape == (3, 1, 4)
+    t = torch.ones(3, 2, 4, 1)
+    assert _lift.align_to_batch(t, 2, leaf) is t
+
+
+def test_where_tensorclass_and_compiled_and_vmap():
+    tc = make_tc()
+    mask = torch.tensor([True, False, True])
+    out = torch.where(mask, tc, 0.0)
+    assert type(out) is Pair
+    assert (out.x[1] == 0).all()
+    assert out.y[1] == 0
+    f, cnt = compiled(lambda t, m: torch.where(m, t, 0.0))
+    torch.testing.assert_close(f(tc, mask).x, out.x)
+    f(make_tc(), ~mask)
+    assert cnt.frame_count == 1
+    td = make()
+    masks = torch.rand(5, 3, 2) > 0.5
+    tds = torch.stack([td] * 5)
+    got = torch.vmap(lambda m, t: torch.where(m, t, 0.0))(masks, tds)
+    torch.testing.assert_close(got["a"], torch.where(masks[..., None], tds["a"], 0.0))
+
+
+# ------------------------------------------------------------------ the pointwise table
+@pytest.mark.parametrize(
+    "name", ["exp", "log", "sqrt", "tanh", "sigmoid", "isnan", "isfinite", "sign", "floor"]
+)
+def test_unary_function_and_method(name):
+    td = make().abs() + 0.1
+    f = getattr(torch, name)
+    want = f(td["n", "c"])
+    torch.testing.assert_close(f(td)["n", "c"], want)
+    torch.testing.assert_close(getattr(td, name)()["n", "c"], want)
+    assert getattr(td, name)().batch_size == td.batch_size
+
+
+def test_clamp_lerp_isclose_activations():
+    td, other = make(0), make(1)
+    torch.testing.assert_close(td.clamp(min=0)["a"], td["a"].clamp(min=0))
+    torch.testing.assert_close(td.clamp(-0.5, 0.5)["n", "b"], td["n", "b"].clamp(-0.5, 0.5))
+    torch.testing.assert_close(
+        torch.lerp(td, other, 0.3)["a"], torch.lerp(td["a"], other["a"], 0.3)
+    )
+    assert torch.isclose(td, td)["a"].all()
+    for f in (F.silu, F.elu, F.gelu, F.softplus, F.leaky_relu, F.logsigmoid, F.softsign):
+        torch.testing.assert_close(f(td)["n", "c"], f(td["n", "c"]))
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [
+        ("bool", torch.bool),
+        ("int", torch.int32),
+        ("long", torch.int64),
+        ("half", torch.float16),
+        ("bfloat16", torch.bfloat16),
+        ("float", torch.float32),
+        ("double", torch.float64),
+    ],
+)
+def test_casts(name, dtype):
+    td = make()
+    out = getattr(td, name)()
+    assert out.dtype == dtype
+    assert out["n", "c"].dtype == dtype
+    assert td.dtype == torch.float32  # input unchanged
+
+
+def test_tuple_results_are_tuples_of_containers():
+    td = make()
+    m, e = torch.frexp(td)
+    wm, we = torch.frexp(td["a"])
+    torch.testing.assert_close(m["a"], wm)
+    torch.testing.assert_close(e["a"], we)
+
+
+def test_same_structure_required():
+    td = make()
+    other = tdfunc.TensorDict(a=td["a"], batch_size=[3, 2])
+    with pytest.raises(tdfunc.StructureError):
+        torch.atan2(td, other)
+
+
+def test_methods_come_from_the_table():
+    for name in ("exp", "clamp", "sigmoid", "isnan", "bool", "half", "where", "masked_fill"):
+        assert name in _lift.METHODS
+        assert callable(getattr(tdfunc.TensorDict, name))
+    assert callable(Pair.exp)
+    assert torch.exp in _pointwise.FUNCTIONS
+    assert torch.matmul not in _pointwise.FUNCTIONS
+
+
+def test_unary_uses_one_foreach_call(monkeypatch):
+    calls = []
+    real = _pointwise.unary_foreach["exp"]
+
+    def spy(xs):
+        calls.append(len(xs))
+        return real(xs)
+
+    monkeypatch.setitem(_pointwise.unary_foreach, "exp", spy)
+    td = make()
+    torch.testing.assert_close(td.exp()["a"], td["a"].exp())
+    assert calls == [3]
+    torch.vmap(torch.exp)(td)  # per leaf under vmap (foreach has no batching rule)
+    assert calls == [3]
+
+
+@pytest.mark.parametrize("f", [torch.exp, torch.sigmoid, F.silu, lambda t: t.clamp(min=0)])
+def test_compiled_one_frame(f):
+    g, cnt = compiled(f)
+    torch.testing.assert_close(g(make(0))["n", "c"], f(make(0))["n", "c"])
+    g(make(1))
+    assert cnt.frame_count == 1
+
+
+def test_input_is_not_changed():
+    td = make()
+    before = td["a"].clone()
+    td.exp()
+    torch.where(torch.tensor([True, False, True]), td, 0)
+    assert torch.equal(td["a"], before)
+
+
+# ------------------------------------------------------------------ a user operator
+@torch.library.custom_op("tdfunc_test::twice", mutates_args=(), tags=(torch.Tag.pointwise,))
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_user_operator_tagged_pointwise_lifts_eager_and_compiled():
+    td = make()
+    op = torch.ops.tdfunc_test.twice
+    torch.testing.assert_close(op(td)["n", "c"], td["n", "c"] * 2)
+    torch.testing.assert_close(op.default(td)["a"], td["a"] * 2)
+    g, cnt = compiled(lambda t: op(t))
+    torch.testing.assert_close(g(td)["a"], td["a"] * 2)
+    g(make(1))
+    assert cnt.frame_count == 1
+
+
+# ------------------------------------------------------------------ what does not lift
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda td: torch.matmul(td, td), "torch.matmul"),
+        (lambda td: torch.matmul(td["a"], td), "torch.matmul"),
+        (lambda td: torch.mm(td, td), "torch.mm"),
+        (lambda td: F.linear(td, torch.ones(2, 2)), "linear"),
+        (lambda td: torch.einsum("ij->i", td), "einsum"),
+        (lambda td: torch.exp(td, out=td), "torch.exp"),
+        (lambda td: F.relu(td, inplace=True), "relu"),
+        (lambda td: torch.relu_(td), "torch.relu_"),
+    ],
+)
+def test_not_liftable_is_a_type_error_naming_apply(call, name):
+    td = make()
+    with pytest.raises(TypeError) as info:
+        call(td)
+    msg = str(info.value)
+    assert "Multiple dispatch failed" not in msg
+    assert name in msg
+    assert "td.apply(" in msg
+
+
+def test_not_liftable_message_constants():
+    err = _lift.not_liftable(torch.matmul, E.LIFT_REASON_UNKNOWN)
+    assert str(err) == E.LIFT_NOT_LIFTABLE.format(op="torch.matmul", reason=E.LIFT_REASON_UNKNOWN)
