@@ -28,8 +28,8 @@ class Container(Node):
 
     It holds the batch size and device; subclasses hold the children.
 
-    Besides the methods below, a container has one method per entry of the op table
-    (``tdfunc._ops._lift.METHODS``), each the ``Tensor`` method of that name on every leaf: the
+    Besides the methods below, a container has one method per entry of tdfunc's table of
+    lifted torch functions, each the ``Tensor`` method of that name on every leaf: the
     pointwise family (``td.exp()``, ``td.clamp(min=0)``, ``td.bool()``, ...) keeps the batch
     size; the batch-dim family (``td.cumsum(0)``, ``td.softmax(0)``, ...) takes batch dims.
 

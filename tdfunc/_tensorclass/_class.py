@@ -144,7 +144,19 @@ class _TensorClass(Container):
 
     # ------------------------------------------------------------------ functional updates
     def replace(self, **changes: Any) -> Any:  # pragma: no cover - generated per class
-        """A new instance with some fields changed (generated for each class)."""
+        """A new instance with some fields changed (generated for each class).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> @tdfunc.tensorclass
+            ... class P:
+            ...     x: torch.Tensor
+            ...     y: torch.Tensor
+            >>> p = P(torch.zeros(2), torch.zeros(2), batch_size=[2])
+            >>> q = p.replace(y=torch.ones(2))
+            >>> q.y.tolist(), p.y.tolist(), q.x is p.x
+            ([1.0, 1.0], [0.0, 0.0], True)
+        """
         raise NotImplementedError
 
     def set(self, key: str | tuple[str, ...], value: Any) -> Any:
