@@ -652,3 +652,51 @@ def test_compiled_dynamic_batch_sizes_one_frame() -> None:
         idx = torch.randint(0, 3, (n, 2))
         compare(cfn(td, idx), fn(td, idx))
     assert cnt.frame_count == 1
+
+
+#: the methods of these families that tensordict 0.15 has: (args, kwargs)
+TENSORDICT_SAME: dict[str, tuple[tuple, dict]] = {
+    "sum": ((0,), {}),
+    "mean": ((1,), {}),
+    "std": ((0,), {}),
+    "var": ((0,), {}),
+    "prod": ((0,), {}),
+    "amax": ((0,), {}),
+    "amin": ((1,), {}),
+    "nansum": ((0,), {}),
+    "nanmean": ((0,), {}),
+    "logsumexp": ((0,), {}),
+    "max": ((), {"dim": 0}),
+    "min": ((), {"dim": 1}),
+    "softmax": ((0,), {}),
+    "flip": ((0,), {}),
+    "roll": ((1, 0), {}),
+    "repeat": ((2, 1), {}),
+    "repeat_interleave": ((2,), {"dim": 0}),
+    "tile": (((2, 1),), {}),
+    "narrow": ((0, 1, 2), {}),
+    "movedim": ((0, 1), {}),
+    "swapdims": ((0, 1), {}),
+    "tensor_split": ((2,), {"dim": 0}),
+    "gather": ((1, IDX), {}),
+    "masked_select": ((torch.tensor([[1, 0, 1], [0, 0, 1], [1, 1, 1], [0, 1, 0]]).bool(),), {}),
+}
+
+
+@pytest.mark.parametrize("name", list(TENSORDICT_SAME))
+def test_same_as_tensordict(name: str) -> None:
+    tensordict = pytest.importorskip("tensordict")
+    g = torch.Generator().manual_seed(3)
+    data = {"a": torch.randn(4, 3, 2, generator=g), "n": {"b": torch.randn(4, 3, generator=g)}}
+    ref = tensordict.TensorDict(data, batch_size=[4, 3])
+    td = tdfunc.TensorDict(data, batch_size=[4, 3])
+    args, kwargs = TENSORDICT_SAME[name]
+    want = getattr(ref, name)(*args, **kwargs)
+    got = getattr(td, name)(*args, **kwargs)
+    wants = (want,) if isinstance(want, tensordict.TensorDict) else tuple(want)
+    gots = (got,) if tdfunc.is_container(got) else tuple(got)
+    assert len(gots) == len(wants)
+    for w, x in zip(wants, gots):
+        assert tuple(x.batch_size) == tuple(w.batch_size)
+        for key in (("a",), ("n", "b")):
+            compare(x.get(key), w.get(key))
