@@ -700,3 +700,14 @@ def test_same_as_tensordict(name: str) -> None:
         assert tuple(x.batch_size) == tuple(w.batch_size)
         for key in (("a",), ("n", "b")):
             compare(x.get(key), w.get(key))
+
+
+def test_max_min_of_two_containers_are_pointwise() -> None:
+    a = make()
+    b = a.apply(torch.neg)
+    for f in (torch.max, torch.min):
+        got = f(a, b)
+        assert got.batch_size == a.batch_size
+        for x, y, g in zip(a.leaves(), b.leaves(), got.leaves()):
+            compare(g, f(x, y))
+    compare(a.max(b), torch.max(a, b))

@@ -46,6 +46,7 @@ from .._tree import is_node, leaves, map_leaves
 from ._indexing import index
 from ._math import elementwise
 from ._pointwise import align_to_batch
+from ._pointwise import rule_for as _pointwise_rule
 from ._shape import _map_shape, expand, squeeze, unsqueeze
 from ._structure import check_batch_invariant, check_same_structure, norm_dim
 
@@ -288,7 +289,10 @@ def _over_dims(name: str, func: Callable[..., Any], sigs: tuple[_Sig, ...]) -> C
                     args=", ".join([type(a).__name__ for a in args] + [f"{k}=" for k in kwargs]),
                 )
             )
-        if sig.pointwise:
+        if sig.pointwise:  # max(td, other) & co: the pointwise family's rule
+            pointwise = _pointwise_rule(func)
+            if pointwise is not None:
+                return pointwise(*args, **kwargs)
             return elementwise(func, bound, kwargs)
         node = bound[0] if bound else kwargs.get(sig.names[0])
         if not is_node(node):
