@@ -349,7 +349,7 @@ def read_pointer(root: str) -> tuple[str | None, bytes | None]:
     except FileNotFoundError:
         return None, None
     try:
-        obj = json.loads(raw)
+        obj = wire.loads(raw)  # a pointer with a key given twice names no version
         name = obj["dir"] if isinstance(obj, dict) else None
     except (ValueError, KeyError, RecursionError, TypeError):
         name = None
@@ -537,7 +537,7 @@ class Writer(FileSystemWriter):
             if name.endswith("chunks.json"):
                 path = os.path.join(self._vdir, name)
                 with open(path, "rb") as f:
-                    chunks.update(json.loads(f.read()))
+                    chunks.update(wire.loads(f.read()))
                 os.unlink(path)
         files: dict[str, int] = {}
         leaves = []
