@@ -526,3 +526,19 @@ def test_cache_clear_drops_plans_and_graphs() -> None:
     assert plan_for.cache_info().currsize == 0
     assert X.compiled_pack.cache_info().currsize == 0
     assert X.recv_side.cache_info().currsize == 0
+
+
+def test_handshake_refuses_duplicate_json_keys_from_a_peer() -> None:
+    """The leader reads each rank's answer with the one JSON reader of tdfunc's formats: a
+    key given twice in one object is refused, not resolved as Python's ``json`` would (last
+    one wins) while another reader keeps the first."""
+    from types import SimpleNamespace
+
+    from tdfunc.distributed._transfer import handshake as H
+
+    side = SimpleNamespace(op="send", layout=None, dst=SimpleNamespace(ranks=[1]))
+    good = (H.OK, '{"placements":[null]}')
+    twice = (H.OK, '{"placements":[null],"placements":[["R"]]}')
+    assert H._verdict(side, {0: good, 1: good})[0] == H.OK
+    with pytest.raises(ValueError, match=E.JSON_DUPLICATE_KEY.format(key="placements")):
+        H._verdict(side, {0: good, 1: twice})

@@ -319,11 +319,8 @@ def _verdict(side: Side, answers: dict[int, tuple[int, str]]) -> tuple[int, str]
             ranks=", ".join(map(str, failed)),
             reason=answers[failed[0]][1],
         )
-    asked = {
-        r: json.loads(t)["placements"]
-        for r, (_, t) in sorted(answers.items())
-        if json.loads(t)["placements"] is not None
-    }
+    decoded = {r: wire.loads(t)["placements"] for r, (_, t) in sorted(answers.items())}
+    asked = {r: p for r, p in decoded.items() if p is not None}
     if not asked:
         return FAILED, E.PLAN_NO_TARGETS.format(op=side.op)
     receivers = [r for r in asked if r in side.dst.ranks]
@@ -370,7 +367,7 @@ def handshake(
         if side.error is not None:
             raise side.error
         raise ValueError(E.PLAN_LEADER_FAILED.format(op=side.op, leader=leader, reason=text))
-    layout = json.loads(text)
+    layout = wire.loads(text)
     status, answer, own = _answer(side, layout)
     for w in _post_text(peer, ANSWER_HEAD_TAG, ANSWER_TEXT_TAG, status, answer):
         peer.finish(w, "read this rank's answer")
@@ -379,7 +376,7 @@ def handshake(
         raise own
     if verdict != OK:
         raise ValueError(text)
-    return layout, json.loads(text)["placements"]
+    return layout, wire.loads(text)["placements"]
 
 
 def _lead(side: Side, links: list[wire.Peer]) -> tuple[dict[str, Any], list[Any]]:
@@ -407,7 +404,7 @@ def _lead(side: Side, links: list[wire.Peer]) -> tuple[dict[str, Any], list[Any]
         raise own
     if verdict != OK:
         raise ValueError(vtext)
-    return layout, json.loads(vtext)["placements"]
+    return layout, wire.loads(vtext)["placements"]
 
 
 # --------------------------------------------------------------------------------------
