@@ -75,6 +75,28 @@ except ValueError as e:
     print("refused:", e)
 # --8<-- [end:batch]
 
+# --8<-- [start:where]
+# a rollout of 4 steps: finished episodes (a batch-shaped mask) are zeroed in every leaf
+rollout = tdfunc.TensorDict(
+    obs=torch.ones(4, 3), reward=torch.ones(4), next={"obs": torch.ones(4, 3)}, batch_size=[4]
+)
+done = torch.tensor([False, True, False, True])
+alive = torch.where(~done, rollout, 0)  # the mask [4] lines up with the batch dim
+assert alive["obs"][1].eq(0).all()
+assert alive["next", "obs"][3].eq(0).all()
+assert alive["reward"].tolist() == [1.0, 0.0, 1.0, 0.0]
+assert torch.equal(rollout.masked_fill(done, 0)["obs"], alive["obs"])  # the same, as a method
+scaled = rollout.where(~done, rollout * 0.5)["reward"]  # td.where(mask, other)
+assert scaled.tolist() == [1.0, 0.5, 1.0, 0.5]
+# pointwise functions keep the batch size; what mixes feature dims says how to do it
+assert rollout.sigmoid().batch_size == (4,)
+assert rollout.bool().dtype == torch.bool
+try:
+    torch.matmul(rollout, rollout)
+except TypeError as e:
+    print("refused:", str(e).split(":")[0])  # torch.matmul does not lift ... td.apply(...)
+# --8<-- [end:where]
+
 
 # --8<-- [start:tensorclass]
 @tdfunc.tensorclass

@@ -259,3 +259,20 @@ def test_not_liftable_is_a_type_error_naming_apply(call, name):
 def test_not_liftable_message_constants():
     err = _lift.not_liftable(torch.matmul, E.LIFT_REASON_UNKNOWN)
     assert str(err) == E.LIFT_NOT_LIFTABLE.format(op="torch.matmul", reason=E.LIFT_REASON_UNKNOWN)
+
+
+# ------------------------------------------------------------------ the reference page
+def test_reference_page_is_generated_from_the_table():
+    import os
+    import pathlib
+
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "lifted-ops.md"
+    want = _lift.reference_markdown()
+    if os.environ.get("TDFUNC_WRITE_DOCS") == "1":
+        page.write_text(want, encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
+    for name in _lift.METHODS:
+        assert f"`{name}`" in text, name
+    stamp = ".".join(torch.__version__.split(".")[:2])
+    if f"on torch\n     {stamp}:" in text:  # the table is torch's: exact on that version
+        assert text == want, "docs/lifted-ops.md is stale: TDFUNC_WRITE_DOCS=1 pytest -k reference"

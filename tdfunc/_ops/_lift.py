@@ -21,6 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+
 from .. import _errors as E
 from . import _batchdim, _pointwise
 from ._pointwise import align_to_batch as align_to_batch
@@ -125,3 +128,98 @@ def install_methods(cls: type) -> list[str]:
         setattr(cls, name, _method(name, f))
         done.append(name)
     return done
+
+
+# --------------------------------------------------------------------------------------
+# the reference page (docs/lifted-ops.md), generated from the table
+# --------------------------------------------------------------------------------------
+def _public_name(f: Any) -> str:
+    name = getattr(f, "__name__", str(f))
+    for prefix, ns in (
+        ("torch.", torch),
+        ("torch.special.", torch.special),
+        ("torch.linalg.", torch.linalg),
+        ("torch.nn.functional.", F),
+    ):
+        for attr in (name, name.removeprefix("special_"), name.removeprefix("linalg_")):
+            if getattr(ns, attr, None) is f:
+                return prefix + attr
+    return _name(f)
+
+
+def _functions(rule_table: Any) -> list[str]:
+    names = {_public_name(f) for f in rule_table if not _public_name(f).startswith("Tensor.")}
+    return sorted(n for n in names if not n.split(".")[-1].startswith("_"))
+
+
+def reference_markdown() -> str:
+    """The reference page of every lifted torch function and method, from the table.
+
+    ``tests/test_ops_pointwise.py`` checks ``docs/lifted-ops.md`` against it (and rewrites it
+    with ``TDFUNC_WRITE_DOCS=1``).
+    """
+    pw = _functions(_pointwise.FUNCTIONS)
+    bd = _functions(_batchdim._RULES)
+    methods = sorted(METHODS)
+    out = [
+        "# Lifted torch functions and methods",
+        "",
+        "<!-- generated from the op table by tdfunc._ops._lift.reference_markdown() on torch",
+        f"     {'.'.join(torch.__version__.split('.')[:2])}: TDFUNC_WRITE_DOCS=1 pytest "
+        "tests/test_ops_pointwise.py -k reference rewrites it -->",
+        "",
+        "A torch function called on a container lifts to it when torch's own metadata says",
+        "how (`tdfunc/_ops/_lift.py`): **pointwise** functions (an ATen overload tagged",
+        "`torch.Tag.pointwise`, casts, a few untagged compositions) run leaf by leaf and keep",
+        "the batch size; functions **over batch dims** (reductions, scans, softmax, sorting,",
+        "dim-wise shape and index ops, `pad`) take batch dims as their `dim`. Any other torch",
+        "function raises a `TypeError` that names it and points at `td.apply(...)`. An",
+        "operator you register with `torch.library` and tag `torch.Tag.pointwise` lifts too.",
+        "",
+        "## The alignment rule",
+        "",
+        "A plain tensor next to a container is broadcast by torch against each leaf, as",
+        "against a tensor (`td + t`, `torch.maximum(td, t)`: trailing dims line up). The",
+        "exception is a **mask or index shaped like the batch**: the `condition` of",
+        "`torch.where` / `td.where`, the `mask` of `masked_fill` (and, over batch dims, the",
+        "`index` of `gather`, `scatter`, `take_along_dim` and the mask of `masked_select`). When",
+        "it has at most as many dims as the batch, its dims are the *leading* batch dims of",
+        "every leaf and it is expanded over each leaf's feature dims, as in tensordict:",
+        "",
+        "```text",
+        "td: batch_size [3]            mask = [ T,  F,  T ]   (shape [3] = the batch)",
+        "",
+        '  "obs"    [3, 4]   ->  mask[:, None]     [3, 1] -> [3, 4]',
+        '  "reward" [3]      ->  mask              [3]',
+        '  "img"    [3, 2, 2] -> mask[:, None, None] [3, 1, 1] -> [3, 2, 2]',
+        "",
+        "torch.where(mask, td, 0)      row 0 kept | row 1 zeroed | row 2 kept, in every leaf",
+        "```",
+        "",
+        "```python",
+        "td = tdfunc.TensorDict(obs=torch.ones(3, 4), reward=torch.ones(3), batch_size=[3])",
+        "mask = torch.tensor([True, False, True])",
+        "out = torch.where(mask, td, 0)           # out['obs'][1] == 0, out['reward'][1] == 0",
+        "out = td.masked_fill(~mask, float('nan'))",
+        "```",
+        "",
+        "A mask with more dims than the batch (shaped like a leaf) is broadcast by torch as",
+        "usual. Container operands must have the same structure (keys, nesting, node types).",
+        "",
+        f"## Methods ({len(methods)})",
+        "",
+        "Each is the `Tensor` method of that name on every leaf (`td.exp()`, `td.clamp(min=0)`,",
+        "`td.bool()`, `td.cumsum(0)`):",
+        "",
+        ", ".join(f"`{m}`" for m in methods),
+        "",
+        f"## Pointwise torch functions ({len(pw)})",
+        "",
+        ", ".join(f"`{n}`" for n in pw),
+        "",
+        f"## Torch functions over batch dims ({len(bd)})",
+        "",
+        ", ".join(f"`{n}`" for n in bd),
+        "",
+    ]
+    return "\n".join(out)

@@ -279,15 +279,22 @@ def lift(
         i for i in mask_pos if i < len(args) and isinstance(args[i], Tensor) and args[i].ndim <= bd
     ]
     kmasks = [k for k in mask_names if isinstance(kwargs.get(k), Tensor) and kwargs[k].ndim <= bd]
-    out = []
-    for j, leaf in enumerate(ls):
-        a = [c[j] if c is not None else v for v, c in zip(args, acols)]
-        for i in masks:
-            a[i] = align_to_batch(args[i], bd, leaf)
-        kw = {k: (kcols[k][j] if k in kcols else v) for k, v in kwargs.items()}
-        for k in kmasks:
-            kw[k] = align_to_batch(kwargs[k], bd, leaf)
-        out.append(func(*a, **kw))
+    if not masks and not kmasks and not kcols:
+        out = [
+            func(*[c[j] if c is not None else v for v, c in zip(args, acols)], **kwargs)
+            for j in range(len(ls))
+        ]
+    else:
+        out = []
+        for j, leaf in enumerate(ls):
+            a = [c[j] if c is not None else v for v, c in zip(args, acols)]
+            for i in masks:
+                # a view with one trailing 1 per feature dim: torch broadcasts it over the leaf
+                a[i] = args[i].reshape(args[i].shape + (1,) * (leaf.ndim - args[i].ndim))
+            kw = {k: (kcols[k][j] if k in kcols else v) for k, v in kwargs.items()}
+            for k in kmasks:
+                kw[k] = kwargs[k].reshape(kwargs[k].shape + (1,) * (leaf.ndim - kwargs[k].ndim))
+            out.append(func(*a, **kw))
     if out and isinstance(out[0], tuple):
         return _tuple_result(ref, out)
     check_batch_invariant(ref, out, ref._batch_size, name)

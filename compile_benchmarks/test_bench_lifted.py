@@ -1,0 +1,123 @@
+"""Lifted torch functions on containers, side by side: tdfunc, tensordict and a per-leaf loop
+over a dict of the same leaves (``dict_loop``: ``{k: f(v) for k, v in d.items()}``, the code a
+user writes by hand; nested data is the flat dict of its leaves by path).
+
+Four operations, flat (20 leaves ``[n, 8]``) and nested (a 10-deep chain of 11 leaves
+``[n, 8]``), eager and compiled:
+
+- ``exp``: a unary op with a ``torch._foreach_*`` twin (``td.exp()``: one foreach call);
+- ``where``: ``torch.where(mask, td, 0)`` with a batch-shaped mask ``[n]`` (aligned with the
+  batch dim, expanded over the feature dim; the loop writes ``mask[:, None]``);
+- ``sum0``: a reduction over the batch dim (``td.sum(0)``);
+- ``cumsum0``: a scan over the batch dim (``td.cumsum(0)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import tdfunc
+from compile_benchmarks import available_modes
+
+CATEGORY = "lifted"
+CONTENDERS = ("tdfunc", "tensordict", "dict_loop")
+N = 64
+FEAT = 8
+DEPTH = 10
+
+
+def _flat(n: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(n)
+    return {f"k{i}": torch.randn(n, FEAT, generator=g) for i in range(20)}
+
+
+def _nested(n: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(n + 1)
+    node: dict[str, Any] = {"x": torch.randn(n, FEAT, generator=g)}
+    for _ in range(DEPTH):
+        node = {"x": torch.randn(n, FEAT, generator=g), "n": node}
+    return node
+
+
+def _paths(src: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in src.items():
+        if isinstance(v, dict):
+            out.update(_paths(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _container(contender: str, src: dict[str, Any], n: int) -> Any:
+    if contender == "tdfunc":
+        return tdfunc.TensorDict(src, batch_size=[n])
+    if contender == "tensordict":
+        tensordict = pytest.importorskip("tensordict")
+        return tensordict.TensorDict(src, batch_size=[n])
+    return _paths(src)
+
+
+def _mask(n: int) -> torch.Tensor:
+    return torch.arange(n) % 3 != 0
+
+
+OPS: dict[str, dict[str, Callable[..., Any]]] = {
+    "exp": {
+        "tdfunc": lambda td: td.exp(),
+        "tensordict": lambda td: td.exp(),
+        "dict_loop": lambda d: {k: v.exp() for k, v in d.items()},
+    },
+    "where": {
+        "tdfunc": lambda td, m: torch.where(m, td, 0.0),
+        "tensordict": lambda td, m: torch.where(m, td, 0.0),
+        "dict_loop": lambda d, m: {k: torch.where(m[:, None], v, 0.0) for k, v in d.items()},
+    },
+    "sum0": {
+        "tdfunc": lambda td: td.sum(0),
+        "tensordict": lambda td: td.sum(0),
+        "dict_loop": lambda d: {k: v.sum(0) for k, v in d.items()},
+    },
+    "cumsum0": {
+        "tdfunc": lambda td: td.cumsum(0),
+        "tensordict": lambda td: td.cumsum(0),
+        "dict_loop": lambda d: {k: v.cumsum(0) for k, v in d.items()},
+    },
+}
+SHAPES = {"flat": _flat, "nested": _nested}
+
+
+def _args(op: str, shape: str, contender: str, n: int) -> tuple[Any, ...]:
+    c = _container(contender, SHAPES[shape](n), n)
+    return (c, _mask(n)) if op == "where" else (c,)
+
+
+def _params() -> list[Any]:
+    return [
+        pytest.param(op, shape, mode, c, id=f"{op}_{shape}-{mode}-{c}")
+        for op in OPS
+        for shape in SHAPES
+        for mode in available_modes()
+        for c in CONTENDERS
+        if not (op == "cumsum0" and c == "tensordict")  # tensordict 0.15 has no cumsum
+    ]
+
+
+@pytest.mark.parametrize(("op", "shape", "mode", "contender"), _params())
+def test_lifted_op(
+    measure: Callable[..., Any], op: str, shape: str, mode: str, contender: str
+) -> None:
+    """A lifted torch function (see the module docstring) on one contender's container."""
+    measure(
+        OPS[op][contender],
+        *_args(op, shape, contender, N),
+        workload=f"{op}_{shape}",
+        mode=mode,
+        contender=contender,
+        category=CATEGORY,
+        make_args=lambda n: _args(op, shape, contender, n),
+    )
