@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import gc
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
@@ -133,6 +134,10 @@ def _worker(
         os._exit(1)
     if dist.is_initialized():
         dist.destroy_process_group()
+    # the interpreter's exit collects every module's objects (seconds with torch and Dynamo
+    # loaded, on a busy machine): frozen objects are skipped, so the rank exits in a moment,
+    # its exit handlers (the named semaphores' unlinking) still run
+    gc.freeze()
 
 
 class _Failure(NamedTuple):
