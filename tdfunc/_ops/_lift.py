@@ -106,8 +106,12 @@ METHODS: dict[str, Callable[..., Any]] = {**_pointwise.METHODS, **_batchdim.METH
 
 
 def _method(name: str, tensor_method: Callable[..., Any]) -> Callable[..., Any]:
+    rule = rule_for(tensor_method)  # looked up once; a call with options goes through dispatch
+
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return dispatch(tensor_method, (self, *args), kwargs)
+        if kwargs or rule is None:
+            return dispatch(tensor_method, (self, *args), kwargs)
+        return rule(self, *args)
 
     method.__name__ = name
     method.__qualname__ = f"Container.{name}"

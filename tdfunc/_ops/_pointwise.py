@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .._compat import OpOverload, OpOverloadPacket, unary_foreach
 from .._tree import is_node, leaves, map_leaves
-from .._twins import constant_when_traced
+from .._twins import constant_when_traced, traced_as
 from ._math import _can_foreach
 from ._structure import check_batch_invariant, check_same_structure
 
@@ -232,7 +232,7 @@ def rule_for(func: Callable[..., Any]) -> Callable[..., Any] | None:
     if r is not None:
         return r
     if _is_pointwise_op(func):
-        return _Rule(func, str(getattr(func, "__name__", func)), (), frozenset())
+        return _Rule(func, str(func), (), frozenset())  # "ns.op": never a torch name
     return None
 
 
@@ -245,6 +245,37 @@ def _tuple_result(ref: Any, out: list[Any]) -> Any:
     if type(first) is tuple:
         return tuple(cols)
     return type(first)(cols)
+
+
+def _unary_leaves(name: str, ls: list[Tensor]) -> list[Tensor]:
+    """``torch.<name>`` of every leaf: one ``torch._foreach_<name>`` call eagerly (per leaf
+    under vmap, where foreach has no batching rule). Dynamo traces the per-leaf twin below:
+    inductor fuses separate ops better than its foreach lowering (20 leaves ``[64, 8]``,
+    ``exp``, CPU: 34 us per call against 52 us, the dict loop 32 us)."""
+    if _can_foreach(ls):
+        return list(unary_foreach[name](ls))
+    f = getattr(torch, name)
+    return [f(x) for x in ls]
+
+
+@traced_as(_unary_leaves)
+def _unary_leaves_traced(name: str, ls: list[Tensor]) -> list[Tensor]:
+    f = getattr(torch, name)
+    return [f(x) for x in ls]
+
+
+def _may_grow(
+    args: tuple[Any, ...], kwargs: dict[str, Any], masks: list[int], kmasks: list[str], bs: Any
+) -> bool:
+    """Whether a result may not start with the batch dims: a plain tensor with dims that is
+    not an aligned mask, or a mask that does not broadcast to the batch unchanged."""
+    for i, v in enumerate(args):
+        if isinstance(v, Tensor) and v.ndim > 0 and (i not in masks or v.shape != bs[: v.ndim]):
+            return True
+    for k, v in kwargs.items():
+        if isinstance(v, Tensor) and v.ndim > 0 and (k not in kmasks or v.shape != bs[: v.ndim]):
+            return True
+    return False
 
 
 def lift(
@@ -270,8 +301,8 @@ def lift(
     for n in nodes[1:]:
         check_same_structure(ref, n, name)
     ls = leaves(ref)
-    if len(args) == 1 and not kwargs and name in unary_foreach and _can_foreach(ls):
-        return map_leaves(ref, unary_foreach[name](ls))
+    if len(args) == 1 and not kwargs and name in unary_foreach:
+        return map_leaves(ref, _unary_leaves(name, ls))
     bd = len(ref._batch_size)
     acols = [leaves(a) if is_node(a) else None for a in args]
     kcols = {k: leaves(v) for k, v in kwargs.items() if is_node(v)}
@@ -285,17 +316,27 @@ def lift(
             for j in range(len(ls))
         ]
     else:
+        # a mask as a view with one trailing 1 per feature dim (torch broadcasts it over the
+        # leaf), made once per leaf rank
+        views: dict[tuple[Any, int], Tensor] = {}
+
+        def aligned(m: Tensor, key: Any, ndim: int) -> Tensor:
+            v = views.get((key, ndim))
+            if v is None:
+                v = views[(key, ndim)] = m.reshape(m.shape + (1,) * (ndim - m.ndim))
+            return v
+
         out = []
         for j, leaf in enumerate(ls):
             a = [c[j] if c is not None else v for v, c in zip(args, acols)]
             for i in masks:
-                # a view with one trailing 1 per feature dim: torch broadcasts it over the leaf
-                a[i] = args[i].reshape(args[i].shape + (1,) * (leaf.ndim - args[i].ndim))
+                a[i] = aligned(args[i], i, leaf.ndim)
             kw = {k: (kcols[k][j] if k in kcols else v) for k, v in kwargs.items()}
             for k in kmasks:
-                kw[k] = kwargs[k].reshape(kwargs[k].shape + (1,) * (leaf.ndim - kwargs[k].ndim))
+                kw[k] = aligned(kwargs[k], k, leaf.ndim)
             out.append(func(*a, **kw))
     if out and isinstance(out[0], tuple):
         return _tuple_result(ref, out)
-    check_batch_invariant(ref, out, ref._batch_size, name)
+    if _may_grow(args, kwargs, masks, kmasks, ref._batch_size):
+        check_batch_invariant(ref, out, ref._batch_size, name)
     return map_leaves(ref, out)
