@@ -10,11 +10,13 @@ tensor, under its first name (as ``named_parameters()``): gradients and updates 
 value, so training never unties it. ``functional_call`` puts that leaf into every slot that
 holds it (the embedding and the output layer), and ``tdfunc.state_dict(model, params)`` gives
 every name back (one tensor under both), for ``load_state_dict`` or a safetensors file with
-every name ``transformers`` expects.
+every name ``transformers`` expects. A copy moved to the meta device loses the tie (each slot
+gets its own meta Parameter); ``functional_call`` then takes it from the model's declaration.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import tempfile
@@ -82,6 +84,22 @@ def main() -> None:
             own = member(ids, use_cache=False).logits
             torch.testing.assert_close(out[i], own, rtol=1e-4, atol=1e-4)
     print(f"vmap ensemble of {MEMBERS} GPT-2 members: logits {tuple(out.shape)} match each member")
+
+    # 2b. the same on a structure-only copy on the meta device (no memory for its own weights).
+    #     .to("meta") gives each slot its own meta Parameter, so the copy's lm_head.weight is no
+    #     longer the embedding, and `stacked` has no lm_head.weight leaf: functional_call fills
+    #     it from the tie the model declares (transformers' tied weights keys). A meta slot that
+    #     the state does not fill and no declared tie names is a KeyError naming it.
+    meta_base = copy.deepcopy(members[0]).to("meta")
+    assert meta_base.lm_head.weight is not meta_base.transformer.wte.weight
+    on_meta = torch.vmap(lambda p, x: logits_of(meta_base, p, x), in_dims=(0, None))
+    with torch.no_grad():
+        out = on_meta(stacked, ids)
+        for i, member in enumerate(members):
+            own = member(ids, use_cache=False).logits
+            torch.testing.assert_close(out[i], own, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(logits_of(meta_base, stacked[i], ids), own)
+    print("on a meta copy of member 0, with and without vmap: logits match each member")
 
     # 3. swapped parameters under torch.compile: a transformer block compiled once (fullgraph),
     #    then called with the parameters of other members without recompiling

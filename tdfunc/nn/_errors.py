@@ -60,3 +60,11 @@ TIED_TWICE = (
     "the state gives another tensor for it; give one tensor per tie (tdfunc.from_module keeps "
     "one leaf per tied tensor) or pass tie_weights=False"
 )
+#: ``functional_call``: module tensors on the meta device (no values) the state does not give.
+META_MISSING = (
+    "functional_call: keys {keys} of {module} hold meta tensors (shapes, no values) and the "
+    "state does not give them, so the call would compute with no values; give them in the "
+    "state, or, for tied weights, tie them again in the module after .to('meta') (e.g. "
+    "transformers' model.tie_weights()) or declare the tie (transformers' "
+    "_tied_weights_keys) so that the tensor given for the tied name fills them"
+)

@@ -23,6 +23,7 @@ from . import _twins  # noqa: F401  (registers what Dynamo traces instead of the
 from ._errors import (
     BAD_PARAMS,
     DUPLICATE_KEY,
+    META_MISSING,
     MISSING_KEYS,
     SHAPE_MISMATCH,
     STACK_EMPTY,
@@ -35,7 +36,7 @@ from ._errors import (
     UNKNOWN_KEYS,
 )
 from ._plan import lookup, remember
-from ._state import Prepared, call_with_state, same_tensor
+from ._state import Prepared, Slot, call_with_state, same_tensor
 
 
 # --------------------------------------------------------------------------------------
@@ -170,7 +171,7 @@ def _module_tensor(module: nn.Module, name: str) -> Tensor | None:
 class _Matched:
     """What walking ``params`` against a module found (one per call)."""
 
-    __slots__ = ("alias", "out", "slots", "tied", "unknown")
+    __slots__ = ("alias", "extra", "out", "slots", "tied", "unknown")
 
     def __init__(self, tie_weights: bool) -> None:
         self.out: dict[str, Tensor] = {}
@@ -180,6 +181,8 @@ class _Matched:
         self.tied: dict[int, str] | None = {} if tie_weights else None
         # a second name of a tied tensor -> the first name (whose tensor the module uses)
         self.alias: dict[str, str] = {}
+        # a given name -> the meta slots its tensor also fills by a declared tie (_meta_slots)
+        self.extra: dict[str, list[Slot]] = {}
 
     def add(self, name: str, v: Tensor, owner: nn.Module | None, attr: str) -> None:
         ref = None if owner is None else _module_tensor(owner, attr)
@@ -323,10 +326,124 @@ def _assert_unwritten(module: nn.Module, key: str, copy: Tensor, original: Tenso
     assert_async(same.all(), f"PermissionError: {_written_message(module, key)}")
 
 
+def _declared_ties(module: nn.Module) -> dict[str, str]:
+    """The ties ``module`` and its submodules declare, as dotted ``{target: source}`` names.
+
+    Read, per submodule, from transformers' conventions: ``all_tied_weights_keys`` (transformers
+    5: expanded names, empty when the config does not tie), else ``_tied_weights_keys`` as a
+    mapping of names (only when a ``config`` says ``tie_word_embeddings`` or there is no
+    config), else a list ``_tied_weights_keys`` with ``get_output_embeddings()`` tied to
+    ``get_input_embeddings()`` when ``config.tie_word_embeddings`` (transformers 4).
+    """
+    out: dict[str, str] = {}
+    for prefix, m in module.named_modules():
+        config = getattr(m, "config", None)
+        tie = config is None or bool(getattr(config, "tie_word_embeddings", False))
+        ties = getattr(m, "all_tied_weights_keys", None)
+        if not isinstance(ties, Mapping):
+            ties = getattr(m, "_tied_weights_keys", None)
+            if not tie:
+                ties = None
+            elif not isinstance(ties, Mapping):
+                ties = _embedding_tie(m) if ties and config is not None else None
+        for target, source in (ties or {}).items():
+            if isinstance(target, str) and isinstance(source, str):
+                out[prefix + "." + target if prefix else target] = (
+                    prefix + "." + source if prefix else source
+                )
+    return out
+
+
+def _embedding_tie(m: nn.Module) -> dict[str, str] | None:
+    """``{output embedding weight: input embedding weight}`` by the module's getters."""
+    get_out = getattr(m, "get_output_embeddings", None)
+    get_in = getattr(m, "get_input_embeddings", None)
+    if not (callable(get_out) and callable(get_in)):
+        return None
+    out_emb, in_emb = get_out(), get_in()
+    names = {id(sub): name for name, sub in m.named_modules()}
+    if id(out_emb) not in names or id(in_emb) not in names:
+        return None
+    return {names[id(out_emb)] + ".weight": names[id(in_emb)] + ".weight"}
+
+
+def _meta_slots(module: nn.Module, m: _Matched, tie_weights: bool) -> None:
+    """Find the slots the state does not fill; fill its meta ones by a declared tie or raise.
+
+    A meta tensor has a shape and no values: a call reading one computes on garbage (torch's
+    CPU kernels read whatever memory there is). ``copy.deepcopy(model).to("meta")`` gives
+    each slot its own meta Parameter, so the tie of two names is gone from the copy, and a
+    state with one leaf per tie lacks the second name. The module's declared ties
+    (:func:`_declared_ties`) give it back: the tensor given for any name of a declared tie
+    fills the meta slots of the others (``m.extra``). Any other meta slot is a ``KeyError``.
+    """
+    given_slots = {(id(o), a) for o, a in m.slots.values()}
+    given_ids: dict[int, str] = {}
+    if tie_weights:
+        for name, (o, a) in m.slots.items():
+            given_ids[id(_module_tensor(o, a))] = name
+    meta: list[tuple[str, nn.Module, str, Tensor]] = []
+    todo: list[tuple[str, nn.Module]] = [("", module)]
+    seen: set[int] = set()
+    while todo:  # every distinct submodule once, under its first name
+        prefix, sub = todo.pop()
+        if id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        for d in (sub._parameters, sub._buffers):
+            for attr, t in d.items():
+                # the given slots first: a traced call (Dynamo, export) reads no attribute of a
+                # tensor it does not use, so it does not make it an input of the graph
+                if t is None or (id(sub), attr) in given_slots or id(t) in given_ids:
+                    continue
+                if t.is_meta:
+                    meta.append((prefix + attr, sub, attr, t))
+        todo += [(prefix + k + ".", c) for k, c in reversed(sub._modules.items()) if c is not None]
+    if not meta:
+        return
+    linked: dict[str, set[str]] = {}
+    for target, source in (_declared_ties(module) if tie_weights else {}).items():
+        linked.setdefault(target, set()).add(source)
+        linked.setdefault(source, set()).add(target)
+    provider: dict[int, str] = {}  # id of a meta tensor -> the given name that fills it
+    for dotted, _, _, t in meta:
+        names, reached = [dotted], {dotted}
+        while names and id(t) not in provider:
+            for other in linked.get(names.pop(), ()):
+                if other in reached:
+                    continue
+                reached.add(other)
+                names.append(other)
+                *path, attr = other.split(".")
+                owner: nn.Module | None = module
+                for part in path:
+                    owner = owner._modules.get(part) if owner is not None else None
+                ref = None if owner is None else _module_tensor(owner, attr)
+                if ref is not None and id(ref) in given_ids:
+                    provider[id(t)] = given_ids[id(ref)]
+                    break
+    missing: list[str] = []
+    for dotted, sub, attr, t in meta:
+        found = provider.get(id(t))
+        if found is None:
+            missing.append(dotted)
+            continue
+        v = m.out[found]
+        if v.shape != t.shape:
+            raise ValueError(
+                SHAPE_MISMATCH.format(key=dotted, got=tuple(v.shape), expected=tuple(t.shape))
+            )
+        m.extra.setdefault(found, []).append((sub, attr))
+    if missing:
+        raise KeyError(META_MISSING.format(keys=missing, module=type(module).__name__))
+
+
 def _full_match(module: nn.Module, state: Any, strict: bool, tie_weights: bool) -> _Matched:
-    """Walk ``state`` against ``module``: names, slots, shapes, ties; ``strict``'s checks."""
+    """Walk ``state`` against ``module``: names, slots, shapes, ties; ``strict``'s checks;
+    meta slots the state does not fill (:func:`_meta_slots`)."""
     matched = _Matched(tie_weights)
     _match(state, module, matched)
+    _meta_slots(module, matched, tie_weights)
     if strict:
         flat, unknown = matched.out, matched.unknown
         name = type(module).__name__
@@ -335,7 +452,10 @@ def _full_match(module: nn.Module, state: Any, strict: bool, tie_weights: bool) 
         _own_tensors(module, "", own, persistent)
         if unknown:
             raise KeyError(UNKNOWN_KEYS.format(keys=unknown, module=name, known=list(own)))
-        tied_given = {n for n in own if id(own[n]) in (matched.tied or {})}
+        declared = {id(_module_tensor(*s)) for slots in matched.extra.values() for s in slots}
+        tied_given = {
+            n for n in own if id(own[n]) in (matched.tied or {}) or id(own[n]) in declared
+        }
         missing = [k for k in own if k in persistent and k not in flat and k not in tied_given]
         if missing:
             raise KeyError(MISSING_KEYS.format(keys=missing, module=name))
@@ -407,6 +527,13 @@ def functional_call(
     into every slot that holds it (:func:`from_module` gives one leaf per tied tensor); giving
     two different tensors for two names of one tensor is a ``ValueError``.
 
+    Meta tensors (shapes, no values) are never computed on: a slot of ``module`` holding a meta
+    tensor that ``state`` does not fill is filled by a tie the module declares (transformers'
+    tied weights keys, or its output embedding tied to its input embedding) from the tensor
+    given for another name of the tie, or else is a ``KeyError`` naming it, whatever
+    ``strict`` says. So a structure-only copy ``copy.deepcopy(model).to("meta")``, whose slots
+    each get their own meta tensor (the ties are gone), runs a state with one leaf per tie.
+
     Args:
         module: the module to call.
         state: the tensors to use (parameters and/or buffers).
@@ -425,7 +552,8 @@ def functional_call(
     Raises:
         ValueError: a tensor's shape differs from the module's (the message names the key and
             both shapes), or two tensors are given for the names of one tied tensor.
-        KeyError: ``strict=True`` and keys are unknown or missing (the message lists them).
+        KeyError: ``strict=True`` and keys are unknown or missing (the message lists them),
+            or module tensors on the meta device that nothing given fills.
         PermissionError: ``return_state=False`` and the module wrote one of the given tensors
             or created a parameter or buffer.
 
@@ -448,7 +576,7 @@ def functional_call(
     else:
         matched = _full_match(module, state, strict, tie_weights)
         flat, alias = matched.out, matched.alias
-        prepared = Prepared.build(module, list(flat), matched.slots, tie_weights)
+        prepared = Prepared.build(module, list(flat), matched.slots, tie_weights, matched.extra)
         tensors = list(flat.values())
         remember(module, key, state, prepared, alias)
     out, written, created, maybe = call_with_state(module, prepared, tensors, args, kwargs)

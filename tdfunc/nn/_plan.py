@@ -29,6 +29,10 @@ An identity recorded for an object that has died since may belong to a new objec
 that does not matter: the objects compared are all alive (a slot holds each), so equal
 identities mean the same objects are shared between slots (ties, a submodule under two names)
 and the same slots hold ``None``, which is all the plan took from the objects themselves.
+Which slots hold meta tensors (filled by a declared tie, or refused: ``_meta_slots`` of
+``_functional``) is a property of those objects too: torch refuses to move a tensor object to
+or from the meta device in place (``.data =``, ``set_``), so the identities cover it and the
+plan checks nothing more per call.
 
 Nothing here holds the module: the cache is a :class:`weakref.WeakKeyDictionary` keyed by the
 module, and a plan records identities and names only (it keeps neither a module nor a replaced

@@ -391,7 +391,12 @@ class Prepared:
 
     @classmethod
     def build(
-        cls, module: nn.Module, names: list[str], slots: dict[str, Slot], tie_weights: bool
+        cls,
+        module: nn.Module,
+        names: list[str],
+        slots: dict[str, Slot],
+        tie_weights: bool,
+        extra: dict[str, list[Slot]] | None = None,
     ) -> Prepared:
         """Walk ``module`` and resolve every name's slots (``slots``: name -> its own slot).
 
@@ -401,6 +406,7 @@ class Prepared:
             slots: dotted name -> ``(owner module, attribute name)`` of that name's slot.
             tie_weights: every other slot holding the same module tensor as a named slot gets
                 the same copy (tied weights, submodules reachable under two names).
+            extra: name -> more slots its tensor fills (meta slots of a declared tie).
         """
         snapshot = _Snapshot.walk(module, tie_weights)
         by_id = snapshot.by_id
@@ -418,8 +424,10 @@ class Prepared:
             own.append(slot)
             is_buffer.append(buffer)
             tied = by_id.get(id((m._buffers if buffer else params)[attr])) if by_id else None
-            if tied is not None and len(tied) > 1:
-                targets = [(snapshot.name_of(s), s) for s in tied]
+            more = extra.get(name) if extra else None
+            if (tied is not None and len(tied) > 1) or more:
+                mine = tied if tied is not None and len(tied) > 1 else [slot]
+                targets = [(snapshot.name_of(s), s) for s in [*mine, *(more or ())]]
                 where.append(targets)
                 for dotted, (sm, sa) in targets:
                     swap_names.append(dotted)
