@@ -316,3 +316,18 @@ def test_kept_plan_on_a_meta_copy_after_a_materialised_one() -> None:
         base.to_empty(device="cpu")  # new objects in every slot: the full path again
         base.head.weight.copy_(model.head.weight)  # its own values now (strict=False uses them)
         torch.testing.assert_close(tdfunc.functional_call(base, params, (ids,)), model(ids))
+
+
+def test_state_dict_of_a_meta_copy_gives_the_declared_tie() -> None:
+    model = gpt2_members(1, 1)[0]
+    params = tdfunc.from_module(model)
+    base = copy.deepcopy(model).to("meta")
+    sd = tdfunc.state_dict(base, params)
+    assert sorted(sd) == sorted(model.state_dict())
+    assert sd["lm_head.weight"] is params["transformer", "wte", "weight"]
+    assert not any(t.is_meta for t in sd.values())
+    # an undeclared meta name stays the module's own (meta) tensor, as documented
+    plain = TiedLM(declare=False)
+    sd = tdfunc.state_dict(copy.deepcopy(plain).to("meta"), tdfunc.from_module(plain))
+    assert sd["head.weight"].is_meta
+    assert not sd["emb.weight"].is_meta

@@ -101,8 +101,9 @@ def state_dict(module: nn.Module, state: Any = None) -> dict[str, Tensor]:
 
     The inverse of the one-leaf-per-tie rule of :func:`from_module`: each name that
     ``module.state_dict()`` has maps to the tensor ``state`` gives for it or for the tensor it
-    is tied to (the same object under both names), and to the module's own tensor for names
-    ``state`` does not give. Ready for ``module.load_state_dict(...)`` and for
+    is tied to (the same object under both names; on a meta copy, whose ties are gone, the
+    tie the module declares, as :func:`functional_call` fills it), and to the module's own
+    tensor for names ``state`` does not give. Ready for ``module.load_state_dict(...)`` and for
     ``tdfunc.save_safetensors`` when another tool (e.g. transformers) expects every name.
 
     Args:
@@ -130,10 +131,13 @@ def state_dict(module: nn.Module, state: Any = None) -> dict[str, Tensor]:
     matched = _Matched(tie_weights=True)
     if state is not None:
         _match(state, module, matched)
+        _meta_slots(module, matched, True, refuse=False)
     given: dict[int, Tensor] = {}
     for name, v in matched.out.items():
         owner, attr = matched.slots[name]
         given[id(_module_tensor(owner, attr))] = v
+        for slot in matched.extra.get(name, ()):  # a meta tensor of a declared tie
+            given[id(_module_tensor(*slot))] = v
     out: dict[str, Tensor] = {}
     for name, own in module.state_dict(keep_vars=True).items():
         out[name] = given.get(id(own), own)
@@ -367,7 +371,7 @@ def _embedding_tie(m: nn.Module) -> dict[str, str] | None:
     return {names[id(out_emb)] + ".weight": names[id(in_emb)] + ".weight"}
 
 
-def _meta_slots(module: nn.Module, m: _Matched, tie_weights: bool) -> None:
+def _meta_slots(module: nn.Module, m: _Matched, tie_weights: bool, refuse: bool = True) -> None:
     """Find the slots the state does not fill; fill its meta ones by a declared tie or raise.
 
     A meta tensor has a shape and no values: a call reading one computes on garbage (torch's
@@ -375,7 +379,8 @@ def _meta_slots(module: nn.Module, m: _Matched, tie_weights: bool) -> None:
     each slot its own meta Parameter, so the tie of two names is gone from the copy, and a
     state with one leaf per tie lacks the second name. The module's declared ties
     (:func:`_declared_ties`) give it back: the tensor given for any name of a declared tie
-    fills the meta slots of the others (``m.extra``). Any other meta slot is a ``KeyError``.
+    fills the meta slots of the others (``m.extra``). Any other meta slot is a ``KeyError``
+    (with ``refuse``; else it is left to the caller).
     """
     given_slots = {(id(o), a) for o, a in m.slots.values()}
     given_ids: dict[int, str] = {}
@@ -434,7 +439,7 @@ def _meta_slots(module: nn.Module, m: _Matched, tie_weights: bool) -> None:
                 SHAPE_MISMATCH.format(key=dotted, got=tuple(v.shape), expected=tuple(t.shape))
             )
         m.extra.setdefault(found, []).append((sub, attr))
-    if missing:
+    if missing and refuse:
         raise KeyError(META_MISSING.format(keys=missing, module=type(module).__name__))
 
 
