@@ -50,13 +50,18 @@ if __name__ == "__main__":
     x, y = torch.randn(32, 64), torch.randn(32, 64)
     params = tdfunc.from_module(model, buffers=False).detach().clone()
     state = opt.init(params)
-    ref_p, ref_s = params.clone(), opt.init(params)
+    losses = []
     for _ in range(3):
-        params, state, loss = step(params, state, x, y)
-        g, ref_loss = torch.func.grad_and_value(loss_fn)(ref_p, x, y)
-        ref_p, ref_s = optim.step(opt, g, ref_s, ref_p)
+        # the gradients against the one-graph eager step (torch.func) on the same params:
+        # inductor's kernels round differently from eager ones (about 1e-6). The params are
+        # not compared after Adam steps: Adam moves a parameter whose gradient is near zero
+        # by about lr whatever the gradient's size, so a rounding difference there moves it
+        # by up to 2 * lr.
+        ref_g, ref_loss = torch.func.grad_and_value(loss_fn)(params, x, y)
+        loss, grads = value_and_grad(params, x, y)
         torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=0)
-    # inductor's kernels round differently from eager ones (1e-6 in the grads, which
-    # three Adam steps carry into the params)
-    tdfunc.testing.assert_close(params, ref_p, atol=1e-5, rtol=0)
-    print(f"loss {loss.item():.4f}; the same as the eager step")
+        tdfunc.testing.assert_close(grads, ref_g, atol=1e-5, rtol=1e-4)
+        params, state, loss = step(params, state, x, y)
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; gradients as the eager step's")
