@@ -1125,5 +1125,6 @@ _DUNDER: dict[str, tuple[Callable[..., Any], bool]] = {
 
 #: every lifted torch function's Tensor-like method (``td.exp()``, ``td.clamp(...)``,
 #: ``td.bool()``, ``td.cumsum(0)``), one mechanism from the table in ``_ops/_lift.py``;
-#: methods written above are kept
-_lift.install_methods(Container)
+#: methods written above are kept. A tensorclass field may take one of these names (a field
+#: ``max`` or ``sign`` shadows the method on that class; ``torch.max(obj, 0)`` still lifts)
+LIFTED_METHODS = frozenset(_lift.install_methods(Container))

@@ -861,3 +861,34 @@ def test_type_hints_see_the_fields():
     hints = typing.get_type_hints(Transition)
     assert hints["obs"] is torch.Tensor
     assert hints["discount"] is float
+
+
+def test_a_field_may_take_the_name_of_a_lifted_torch_method() -> None:
+    """``max``, ``sign``, ``exp``... are methods installed from the lifted-op table; a field of
+    that name shadows the method on its class (as a field shadows a method of a dataclass),
+    and the torch function still lifts over the instance. Core names stay reserved."""
+
+    @tensorclass
+    class Stats:
+        max: torch.Tensor
+        sign: torch.Tensor
+        obs: torch.Tensor
+
+    s = Stats(max=torch.ones(3, 2), sign=torch.zeros(3), obs=torch.randn(3, 4), batch_size=[3])
+    assert s.max.shape == (3, 2)
+    assert torch.equal(s.sign, torch.zeros(3))
+    m = torch.max(s, 0)
+    assert_close(m.values.obs, s.obs.max(0).values)
+    assert torch.equal(m.values.max, torch.ones(2))
+    assert m.values.batch_size == ()
+    assert torch.equal(torch.exp(s).sign, torch.ones(3))
+
+    counter = CompileCounterWithBackend("eager")
+    f = torch.compile(lambda s: torch.exp(s).sign + s.max.sum(-1), fullgraph=True, backend=counter)
+    assert torch.equal(f(s), torch.full((3,), 3.0))
+    assert counter.frame_count == 1
+    with pytest.raises(TypeError, match="the tensorclass attribute"):
+
+        @tensorclass
+        class Bad:
+            batch_size: torch.Tensor

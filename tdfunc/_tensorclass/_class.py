@@ -21,7 +21,7 @@ import torch
 
 from .. import _errors as E
 from .. import _ops as ops
-from .._base import Container
+from .._base import LIFTED_METHODS, Container
 from .._compat import pytree
 from .._keys import as_path, get_path, is_key, missing_message, set_path
 from .._tree import as_batch_size, describe_child, is_node, register
@@ -282,7 +282,11 @@ def _tc_repr(node: _TensorClass, indent: int) -> str:
 
 
 # ------------------------------------------------------------------------------ the decorator
-_RESERVED = frozenset(n for n in dir(_TensorClass) if not n.startswith("__")) | {"replace"}
+#: the attributes a field may not take: every name of the class but the lifted torch methods
+#: (``exp``, ``max``, ``sign``...), which a field of that name shadows on its class
+_RESERVED = (frozenset(n for n in dir(_TensorClass) if not n.startswith("__")) - LIFTED_METHODS) | {
+    "replace"
+}
 
 
 def _check_names(cls: type) -> None:
