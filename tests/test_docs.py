@@ -348,7 +348,7 @@ def test_version_check_catches_a_wrong_claim():
         "needs Python 3.9 or newer and PyTorch 2.6 or newer (torch>=2.6,<2.16)"
     )
     assert len(bad) == 3
-    assert hooks.version_mismatches("Python 3.10 or newer, torch>=2.13,<2.16") == []
+    assert hooks.version_mismatches("Python 3.11 or newer, torch>=2.13,<2.16") == []
 
 
 # --------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import inspect
 import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, dataclass_transform, overload
 
 import optree
 import torch
@@ -28,11 +28,6 @@ from .._tree import as_batch_size, describe_child, is_node, register
 from ..tensordict import TensorDict
 from . import _codegen as G
 from . import _fields as F
-
-if sys.version_info >= (3, 11):
-    from typing import dataclass_transform
-else:  # pragma: no cover - Python 3.10
-    from typing_extensions import dataclass_transform
 
 __all__ = ["is_tensorclass", "tensorclass"]
 
