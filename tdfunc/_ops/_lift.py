@@ -116,8 +116,9 @@ def _method(name: str, tensor_method: Callable[..., Any]) -> Callable[..., Any]:
     method.__name__ = name
     method.__qualname__ = f"Container.{name}"
     method.__doc__ = (
-        f"``Tensor.{name}`` on every leaf, lifted to the container "
-        f"(see the reference's table of lifted functions)."
+        f"``Tensor.{name}`` lifted to the container: run on every leaf, where a ``dim`` names "
+        f'a batch dim (the documentation\'s page "Lifted torch functions" lists every '
+        f"lifted function and its rule)."
     )
     return method
 
