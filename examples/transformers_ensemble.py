@@ -90,6 +90,7 @@ def main() -> None:
     #     longer the embedding, and `stacked` has no lm_head.weight leaf: functional_call fills
     #     it from the tie the model declares (transformers' tied weights keys). A meta slot that
     #     the state does not fill and no declared tie names is a KeyError naming it.
+    # --8<-- [start:meta]
     meta_base = copy.deepcopy(members[0]).to("meta")
     assert meta_base.lm_head.weight is not meta_base.transformer.wte.weight
     on_meta = torch.vmap(lambda p, x: logits_of(meta_base, p, x), in_dims=(0, None))
@@ -99,6 +100,7 @@ def main() -> None:
             own = member(ids, use_cache=False).logits
             torch.testing.assert_close(out[i], own, rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(logits_of(meta_base, stacked[i], ids), own)
+    # --8<-- [end:meta]
     print("on a meta copy of member 0, with and without vmap: logits match each member")
 
     # 3. swapped parameters under torch.compile: a transformer block compiled once (fullgraph),
