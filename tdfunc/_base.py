@@ -1045,6 +1045,10 @@ class Container(Node):
             # reports the wrapper's code name as __name__: take the wrapped method's
             name = getattr(getattr(func, "__wrapped__", None), "__name__", "")
         dunder = _DUNDER.get(name)
+        if dunder is None:
+            for f, d in _DUNDER_ALIASED:  # compared by identity: Dynamo's dict lookup
+                if func is f:  # of a Python function key misses it
+                    dunder = d
         if dunder is not None:  # the operator itself, in its order
             op, swap = dunder
             if swap:
@@ -1122,6 +1126,14 @@ _DUNDER: dict[str, tuple[Callable[..., Any], bool]] = {
     "__abs__": (operator.abs, False),
     "__invert__": (operator.invert, False),
 }
+#: ``Tensor``'s operator methods whose ``__name__`` is not their own (``Tensor.__pow__`` wraps
+#: ``TensorBase.pow``: its name is ``pow``); Dynamo hands them to ``__torch_function__`` for
+#: ``tensor ** td``
+_DUNDER_ALIASED: tuple[tuple[Any, tuple[Callable[..., Any], bool]], ...] = tuple(
+    (getattr(Tensor, name), v)
+    for name, v in _DUNDER.items()
+    if getattr(getattr(Tensor, name, None), "__name__", name) != name
+)
 
 #: every lifted torch function's Tensor-like method (``td.exp()``, ``td.clamp(...)``,
 #: ``td.bool()``, ``td.cumsum(0)``), one mechanism from the table in ``_ops/_lift.py``;

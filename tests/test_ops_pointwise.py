@@ -276,3 +276,22 @@ def test_reference_page_is_generated_from_the_table():
     stamp = ".".join(torch.__version__.split(".")[:2])
     if f"on torch\n     {stamp}:" in text:  # the table is torch's: exact on that version
         assert text == want, "docs/lifted-ops.md is stale: TDFUNC_WRITE_DOCS=1 pytest -k reference"
+
+
+def test_like_factories_make_one_leaf_per_leaf() -> None:
+    """``torch.rand_like(td)`` & co. (a ``*_like`` ATen schema: one tensor of the input's
+    shape) lift leaf by leaf: each leaf gets its own tensor of its shape and dtype options."""
+    td = tdfunc.TensorDict(a=torch.randn(3, 2), n={"b": torch.randn(3)}, batch_size=[3])
+    before = td.clone()
+    r = torch.rand_like(td)
+    assert r.batch_size == (3,)
+    assert r["a"].shape == (3, 2)
+    assert r["n", "b"].shape == (3,)
+    assert bool(((r["a"] >= 0) & (r["a"] < 1)).all())
+    assert torch.randint_like(td, 5)["a"].dtype == torch.float32
+    assert torch.randn_like(td, dtype=torch.float64)["n", "b"].dtype == torch.float64
+    torch.manual_seed(0)
+    one = torch.randn_like(td)
+    torch.manual_seed(0)
+    assert torch.equal(one["a"], torch.randn_like(td["a"]))  # the first leaf draws first
+    tdfunc.testing.assert_close(td, before)

@@ -7,7 +7,8 @@ overload tagged ``torch.Tag.pointwise``; an operator called as itself (``torch.o
 one a user registered with ``torch.library`` and tagged pointwise included) when its own
 tags say so. Casts (``Tensor.bool``, ``Tensor.half`` ... every ``Tensor`` method torch
 documents as ``self.to(torch.<dtype>)``) are pointwise too, and so are the few compositions
-ATen leaves untagged (:data:`_COMPOSITE_POINTWISE`, each with its reason).
+ATen leaves untagged (:data:`_COMPOSITE_POINTWISE`, each with its reason), and the
+``*_like`` factories whose schema makes one tensor of the input's shape (``rand_like``).
 
 The rule (:func:`lift`) is written once against the leaves-plus-structure protocol:
 
@@ -110,6 +111,21 @@ def _packet(name: str) -> Any:
     return None
 
 
+def _is_like(name: str) -> bool:
+    """A ``*_like`` factory (``rand_like``, ``randn_like``, ``randint_like``...): its ATen
+    schema takes the tensor as ``self`` and returns one tensor of its shape, so it makes a
+    new leaf for each leaf (random ones draw each leaf's numbers on their own)."""
+    p = getattr(torch.ops.aten, name, None) if name.endswith("_like") else None
+    if not isinstance(p, OpOverloadPacket):
+        return False
+    for o in p.overloads():
+        schema = getattr(p, o)._schema
+        args, rets = schema.arguments, schema.returns
+        if args and args[0].name == "self" and [str(r.type) for r in rets] == ["Tensor"]:
+            return True
+    return False
+
+
 def _is_composite(name: str) -> bool:
     return name in _COMPOSITE_POINTWISE or f"special_{name}" in _COMPOSITE_POINTWISE
 
@@ -186,7 +202,7 @@ def _build() -> tuple[dict[Any, _Rule], dict[str, Any]]:
         alt = alt if isinstance(alt, str) and not alt.startswith("_") else name
         p = _packet(name) or _packet(alt)
         if p is None:
-            if not (_is_composite(name) or _is_composite(alt)):
+            if not (_is_composite(name) or _is_composite(alt) or _is_like(name)):
                 continue
             table[f] = _Rule(f, name, (), frozenset())
         else:
