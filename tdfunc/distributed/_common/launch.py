@@ -351,7 +351,7 @@ def launch(
         for _, w in pipes:
             w.close()  # the ranks hold the only write ends: a dead rank gives EOF, not a hang
         _wait(run, procs, readers, timeout, grace)
-        if not run.failures:
+        if run.done() and not run.failures:
             # every rank reported: let each exit on its own (its exit handlers unlink the
             # named semaphores it made, e.g. tqdm's lock in a compiling process; a rank killed
             # mid-exit leaves them to the resource tracker, which warns about "leaked
