@@ -295,3 +295,28 @@ def test_like_factories_make_one_leaf_per_leaf() -> None:
     torch.manual_seed(0)
     assert torch.equal(one["a"], torch.randn_like(td["a"]))  # the first leaf draws first
     tdfunc.testing.assert_close(td, before)
+
+
+def test_no_torch_function_ends_in_multiple_dispatch_failed() -> None:
+    """Every function torch lets a ``__torch_function__`` override, called with containers
+    (one, two, a container and a number), either lifts or raises tdfunc's own error: never
+    torch's "Multiple dispatch failed ... returned NotImplemented"."""
+    from torch.overrides import get_overridable_functions
+
+    td = tdfunc.TensorDict(a=torch.rand(3, 2), n={"b": torch.rand(3)}, batch_size=[3])
+    bad = []
+    calls = 0
+    for fns in get_overridable_functions().values():
+        for f in fns:
+            name = getattr(f, "__name__", str(f))
+            if "save" in name or "load" in name:  # nothing here may touch files
+                continue
+            for args in ((td,), (td, td), (td, 1)):
+                calls += 1
+                try:
+                    f(*args)
+                except Exception as e:  # any error but torch's is fine here
+                    if "Multiple dispatch failed" in str(e) or "NotImplemented" in str(e):
+                        bad.append(f"{name}/{len(args)}")
+    assert calls > 3000
+    assert bad == []
