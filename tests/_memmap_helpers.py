@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import tdfunc
-from tdfunc import MemoryMappedTensor, load, save
+from tdfunc import MemmapFormatError, MemoryMappedTensor, load, save
 from tdfunc.memmap import _store as _memmap_store
 
 GRANDCHILD_TIMEOUT_S = 60.0
@@ -104,8 +104,8 @@ def _state(path: str) -> Any:
     """``None`` when nothing loads at ``path``; else the set of values held by the store."""
     try:
         td = load(path)
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, MemmapFormatError):  # a save killed before its manifest was
+        return None  # whole (a temporary directory)
     vals = sorted({float(v) for leaf in td.values() for v in leaf.unique().tolist()})
     return {"values": vals, "keys": len(td.keys())}
 
