@@ -121,3 +121,50 @@ def test_lifted_op(
         category=CATEGORY,
         make_args=lambda n: _args(op, shape, contender, n),
     )
+
+
+#: the targets of the issue, as paired rows: eager against tensordict, compiled against the
+#: per-leaf dict loop (tensordict 0.15 has no cumsum: that row runs against the loop eagerly too)
+PAIRED_TARGET = {"eager": ("tensordict", 0.8), "compiled": ("dict_loop", 1.05)}
+
+
+@pytest.mark.parametrize(("op", "shape"), [(op, shape) for op in OPS for shape in SHAPES])
+def test_lifted_paired(benchmark: Any, bench_quick: bool, mode: str, op: str, shape: str) -> None:
+    """tdfunc against the target's contender in paired rounds, with the A/A control (see
+    ``compile_benchmarks/paired.py``); the same values from both sides first."""
+    from compile_benchmarks.paired import report
+
+    torch.set_num_threads(1)
+    against, target = PAIRED_TARGET["eager" if mode == "eager" else "compiled"]
+    if op == "cumsum0" and against == "tensordict":
+        against, target = "dict_loop", None
+    a_args = _args(op, shape, "tdfunc", N)
+    b_args = _args(op, shape, against, N)
+    fa, fb = OPS[op]["tdfunc"], OPS[op][against]
+
+    def fa2(*x: Any) -> Any:  # the A/A copy: the same call through its own code object
+        return OPS[op]["tdfunc"](*x)
+
+    if mode != "eager":
+        backend = "eager" if bench_quick else "inductor"
+        fa, fa2, fb = (torch.compile(f, backend=backend, fullgraph=True) for f in (fa, fa2, fb))
+    got, want = fa(*a_args), fb(*b_args)
+    flat = dict(got.flatten_keys(".").items())
+    want = dict(_paths(want) if against == "dict_loop" else want.flatten_keys(".").items())
+    assert flat.keys() == want.keys()
+    for k, v in flat.items():
+        torch.testing.assert_close(v, want[k])
+    rounds, calls = (3, 2) if bench_quick else (21, 200)
+    report(
+        benchmark,
+        category=CATEGORY,
+        workload=f"{op}_{shape}",
+        mode=mode,
+        against=against,
+        a=lambda: fa(*a_args),
+        a2=lambda: fa2(*a_args),
+        b=lambda: fb(*b_args),
+        rounds=rounds,
+        calls=calls,
+        target=target,
+    )
