@@ -42,6 +42,7 @@ from ..._compat import pytree
 from ..._json import loads_unique
 from ..._keys import KeyPath, fmt_key
 from ..._ops._structure import check_batch_invariant
+from ..._tensorclass import is_tensorclass
 from ..._tree import class_of, context_from_json, nested_type_names, node_type
 from ..._tree import leaves as tree_leaves
 from . import errors as E
@@ -463,8 +464,9 @@ def _node_class(name: Any, unknown: str) -> type:
 def _check_fields(cls: type, ctx: tuple) -> None:
     """A tensorclass context names the class's own fields and static fields (in order); a
     TensorDict has no static fields. Nested nodes too."""
-    names = getattr(cls, "_tdf_child_names", None)
-    statics = getattr(cls, "_tdf_static_names", ())
+    tc = is_tensorclass(cls)  # a TensorDict has free keys and no static fields
+    names = cls._tdf_child_names if tc else None  # type: ignore[attr-defined]
+    statics = cls._tdf_static_names if tc else ()  # type: ignore[attr-defined]
     if names is not None and tuple(ctx[0]) != tuple(names):
         raise _bad(f"the fields {list(ctx[0])} are not those of {cls.__qualname__}")
     if tuple(k for k, _ in ctx[5]) != tuple(statics):
