@@ -348,8 +348,20 @@ class Container(Node):
         """
         return ops.pop(self, key, default)
 
-    def split_keys(self, *key_sets: Sequence[Key], strict: bool = True) -> tuple[Any, ...]:
-        """One container per key set, then one with the rest.
+    def split_keys(
+        self,
+        *key_sets: ops.KeySet,
+        inplace: bool = False,
+        default: Any = _keys.MISSING,
+        strict: bool = True,
+        reproduce_struct: bool = False,
+    ) -> tuple[Any, ...]:
+        """One container per key set (keys, a ``{old: new}`` mapping, or a predicate
+        ``fn(path, leaf)``), then one with the rest; each set takes from what the earlier
+        ones left. ``strict=False`` skips a missing key or puts ``default`` there;
+        ``reproduce_struct=True`` keeps the tree of nested containers in every output;
+        ``inplace=True`` raises :class:`tdfunc.InPlaceError` (see
+        :func:`tdfunc._ops.split_keys`).
 
         Example:
             >>> import torch, tdfunc
@@ -358,7 +370,14 @@ class Container(Node):
             >>> list(picked.keys()), list(rest.keys())
             (['x'], ['y'])
         """
-        return ops.split_keys(self, *key_sets, strict=strict)
+        return ops.split_keys(
+            self,
+            *key_sets,
+            inplace=inplace,
+            default=default,
+            strict=strict,
+            reproduce_struct=reproduce_struct,
+        )
 
     def get_at(self, key: Key, index: Any, default: Any = _keys.MISSING) -> Any:
         """``td[key][index]``; ``default`` (when given) for a missing key.

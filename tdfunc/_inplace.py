@@ -61,6 +61,27 @@ SPECIAL: dict[str, str] = {
 }
 
 
+#: methods whose tensordict signature takes ``inplace=True`` -> the pure spelling of that call
+INPLACE_OPTIONS: dict[str, str] = {
+    "split_keys": "*parts, td = td.split_keys(keys, ...) (the last part is td without the keys)",
+}
+
+
+def inplace_option_error(cls: type, method: str) -> E.InPlaceError:
+    """The error for ``td.method(..., inplace=True)``: :class:`InPlaceError` naming the pure
+    spelling of that call (from :data:`INPLACE_OPTIONS`).
+
+    Example:
+        >>> import tdfunc
+        >>> print(inplace_option_error(tdfunc.TensorDict, "split_keys"))  # doctest: +ELLIPSIS
+        TensorDict.split_keys(inplace=True) writes in place, ... *parts, td = td.split_keys(...
+    """
+    name = f"{method}(inplace=True)"
+    return E.InPlaceError(
+        E.INPLACE.format(cls=cls.__name__, name=name, hint=INPLACE_OPTIONS[method])
+    )
+
+
 def pure_spelling(cls: type, name: str) -> str | None:
     """The pure spelling of the in-place name ``name`` on containers of class ``cls``, or
     ``None`` when ``name`` is not an in-place name."""

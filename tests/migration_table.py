@@ -258,8 +258,8 @@ _T: dict[str, Row] = {
     },
     "rename_keys": Row("(mapping)", "a renamed key keeps its position (tensordict moves it last)"),
     "split_keys": Row(
-        "(keys_a, keys_b)",
-        "the rest keeps nested containers the split emptied (tensordict drops them): `.filter_empty()`",
+        "(keys_a, keys_b, default=..., strict=..., reproduce_struct=...)",
+        "PURE: `inplace=True` raises; write `*parts, td = td.split_keys(...)`. A nested container keeps its own batch size in a part (tensordict gives it the parent's)",
     ),
     "separates": Row(
         "td.split_keys(keys)", "returns (the entries, the rest); nothing is removed from `td`"

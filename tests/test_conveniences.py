@@ -198,11 +198,124 @@ def test_split_keys_rename_keys_sorted_keys() -> None:
     assert pair().sorted_keys == ["x", "y"]
 
 
+def test_split_keys_sets_in_order_mapping_predicate() -> None:
+    td = nested()
+    before = snapshot(td)
+    # each set takes from what the earlier ones left: a key named twice goes to the first
+    with pytest.raises(KeyError, match="'a'"):
+        td.split_keys(["a"], ["a"])
+    first, second, rest = td.split_keys(["a"], ["a"], strict=False)
+    assert first.keys() == ["a"]
+    assert second.keys() == []
+    assert "a" not in rest
+    whole, child, rest = td.split_keys(["n"], [("n", "b")], strict=False)
+    assert whole.keys(include_nested=True)[:2] == ["n", ("n", "b")]
+    assert child.keys() == []
+    assert rest.keys() == ["a"]
+    # a mapping renames in its output
+    (z, rest) = td.split_keys({"a": "z", ("n", "b"): ("q", "b")})
+    assert z.keys(include_nested=True) == ["z", "q", ("q", "b")]
+    assert torch.equal(z["z"], td["a"])
+    assert torch.equal(z["q", "b"], td["n", "b"])
+    assert z.batch_size == td.batch_size == rest.batch_size
+    assert rest.keys(include_nested=True, leaves_only=True) == [("n", "m", "c")]
+    # a predicate sees the path and the leaf of every leaf left
+    seen: list[Any] = []
+
+    def two_d(path: tuple[str, ...], leaf: torch.Tensor) -> bool:
+        seen.append(path)
+        return leaf.ndim == 2
+
+    vec, rest = td.split_keys(["a"], two_d)[1:]
+    assert seen == [("n", "b"), ("n", "m", "c")]  # "a" was taken by the first set
+    assert vec.keys(include_nested=True, leaves_only=True) == []
+    assert rest.keys(include_nested=True, leaves_only=True) == [("n", "b"), ("n", "m", "c")]
+    nb = td.batch_dims
+    scalars, rest = td.split_keys(lambda p, v: v.ndim == nb)
+    assert scalars.keys(include_nested=True, leaves_only=True) == [("n", "b")]
+    compare(td, before)
+
+
+def test_split_keys_default() -> None:
+    td = nested()
+    before = snapshot(td)
+    fill = torch.full((2,), 7.0)
+    picked, rest = td.split_keys(["a", "zz", ("n", "q")], strict=False, default=fill)
+    assert picked.keys(include_nested=True) == ["a", "zz", "n", ("n", "q")]
+    assert td.split_keys([("n", "q")], strict=False)[0].keys() == []
+    assert picked["zz"].tolist() == [7.0, 7.0]
+    assert picked["n", "q"].tolist() == [7.0, 7.0]
+    assert torch.equal(picked["a"], td["a"])
+    assert picked.batch_size == (2,)
+    assert "zz" not in rest
+    # a mapping puts the default at the new key
+    (z, _) = td.split_keys({"zz": "y"}, strict=False, default=fill)
+    assert z.keys() == ["y"]
+    assert z["y"].tolist() == [7.0, 7.0]
+    # strict ignores default; None skips the key
+    with pytest.raises(KeyError, match="zz"):
+        td.split_keys(["zz"], default=fill)
+    assert td.split_keys(["zz"], strict=False, default=None)[0].keys() == []
+    # a default that does not fit the batch is refused like any value at that key
+    with pytest.raises(ValueError, match="zz"):
+        td.split_keys(["zz"], strict=False, default=torch.zeros(3))
+    compare(td, before)
+
+
+def test_split_keys_reproduce_struct() -> None:
+    td = nested().set("e", TensorDict(batch_size=[2]))
+    before = snapshot(td)
+    # by default the rest drops nested containers that hold no leaf (emptied or empty)
+    a, rest = td.split_keys(["a", ("n", "b")])
+    assert a.keys(include_nested=True) == ["a", "n", ("n", "b")]
+    assert rest.keys(include_nested=True) == ["n", ("n", "m"), ("n", "m", "c")]
+    _, rest = td.split_keys([("n", "m", "c")])
+    assert rest.keys(include_nested=True) == ["a", "n", ("n", "b")]
+    # reproduce_struct: every output has the whole tree, with each node's batch size
+    a, c, rest = td.split_keys(["a"], [("n", "m", "c")], reproduce_struct=True)
+    assert a.keys(include_nested=True) == ["n", ("n", "m"), "e", "a"]  # the tree first
+    assert c.keys(include_nested=True) == ["n", ("n", "m"), ("n", "m", "c"), "e"]
+    assert rest.keys(include_nested=True) == ["n", ("n", "b"), ("n", "m"), "e"]
+    for part in (a, c, rest):
+        assert part.batch_size == (2,)
+        assert part["n", "m"].batch_size == (2, 4)
+        assert part["e"].batch_size == (2,)
+    assert torch.equal(c["n", "m", "c"], td["n", "m", "c"])
+    compare(td, before)
+
+
+def test_split_keys_inplace_names_the_pure_spelling() -> None:
+    td = nested()
+    with pytest.raises(tdfunc.InPlaceError, match=r"split_keys\(inplace=True\)") as info:
+        td.split_keys(["a"], inplace=True)
+    assert "*parts, td = td.split_keys(" in str(info.value)
+    assert isinstance(info.value, TypeError)
+    assert td.keys() == ["a", "n"]
+    assert td.split_keys(["a"], inplace=False)[0].keys() == ["a"]
+
+
+def test_split_keys_tensorclass() -> None:
+    # a tensorclass cannot lose a field: an output without all of them is refused
+    with pytest.raises(TypeError, match="fixed fields"):
+        pair().split_keys(["x"])
+
+
 @pytest.mark.parametrize(
     "op",
     [
         lambda td: td.pop("a")[1] * 2,
         lambda td: td.split_keys(["a"])[1] * 2,
+        lambda td: tuple(
+            p * 2
+            for p in td.split_keys(
+                {"a": "z"},
+                lambda p, v: v.ndim == 3,
+                ["zz"],
+                strict=False,
+                default=td["n", "b"],
+                reproduce_struct=True,
+            )
+        ),
         lambda td: td.rename_keys({"a": "z"}) * 2,
         lambda td: td.get_at("a", 1) * 2,
         lambda td: td.empty(recurse=True).set("k", td["a"] * 2),
@@ -213,6 +326,7 @@ def test_split_keys_rename_keys_sorted_keys() -> None:
     ids=[
         "pop",
         "split_keys",
+        "split_keys_options",
         "rename_keys",
         "get_at",
         "empty",

@@ -358,9 +358,7 @@ CASES: dict[str, Case] = {
     "rename_keys": split(
         lambda x, y: x.rename_keys({"a": "z"}), lambda x, y: x.rename_keys({"a": "z"})
     ),
-    "split_keys": Case(
-        *same("split_keys", ["a", ("n", "c")])[:2], lambda r: tuple(p.filter_empty() for p in r)
-    ),
+    "split_keys": same("split_keys", ["a", ("n", "c")]),
     "separates": split(lambda x, y: x.separates("a"), lambda x, y: x.split_keys(["a"])[0]),
     "pop": split(lambda x, y: (x.pop("a"), x), lambda x, y: x.pop("a")),
     "popitem": split(lambda x, y: (x.popitem(), x), _popitem_tf),
@@ -636,6 +634,65 @@ def test_same_as_tensordict(name: str) -> None:
     check(ref, got, name)
     tdfunc.testing.assert_close(x, before)  # the input is left as it was
     assert x.batch_size == before.batch_size
+
+
+FILL: Any = object()  # placeholder: a batch-shaped tensor of the side's library
+SPLIT_KEYS = {
+    "sets": ((["a"], [("n", "c")]), {}),
+    "named_twice": ((["a"], ["a"]), {"strict": False}),
+    "named_twice_default": ((["a"], ["a"]), {"strict": False, "default": FILL}),
+    "default": ((["a", "zz", ("n", "zz")],), {"strict": False, "default": FILL}),
+    "default_none": ((["a", "zz"],), {"strict": False, "default": None}),
+    "strict_ignores_default": ((["a"],), {"default": FILL}),
+    "mapping": (({"a": "z", ("n", "c"): ("q", "c"), "b": "b"},), {}),
+    "mapping_default": (({"zz": "y", "b": "x"},), {"strict": False, "default": FILL}),
+    "predicate": ((lambda k, v: v.ndim == 2, ["b"]), {}),
+    "parent_then_child": ((["n"], [("n", "c")]), {"strict": False}),
+    "empty_nested": ((["g"], ["a"]), {}),
+    "leaves_an_empty_parent": (([("n", "c")],), {}),
+    "reproduce_struct": ((["a"], [("n", "c")]), {"reproduce_struct": True}),
+    "reproduce_struct_nothing": (([],), {"reproduce_struct": True}),
+    "no_sets": ((), {}),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", SPLIT_KEYS)
+def test_split_keys_same_as_tensordict(name: str) -> None:
+    """Every option of ``split_keys`` that a pure container has (``default``, ``strict``,
+    ``reproduce_struct``, mappings, predicates), against tensordict on the same data."""
+    args, kw = SPLIT_KEYS[name]
+    d = _data(0)
+    x = _tf(d).set("g", tdfunc.TensorDict(batch_size=[3]))
+    ref_in = _td(d).set("g", T.TensorDict(batch_size=[3]))
+    before = x.clone()
+    got = x.split_keys(
+        *args, **{k: torch.full((3,), 7.0) if v is FILL else v for k, v in kw.items()}
+    )
+    ref = ref_in.split_keys(
+        *args, **{k: torch.full((3,), 7.0) if v is FILL else v for k, v in kw.items()}
+    )
+    check(_plain(ref), got, name)
+    tdfunc.testing.assert_close(x, before)
+
+
+@pytest.mark.parametrize("sets", [(["zz"],), (["a"], ["a"]), ({"zz": "a"},)])
+def test_split_keys_strict_errors_as_tensordict(sets: tuple[Any, ...]) -> None:
+    d = _data(0)
+    with pytest.raises(KeyError):
+        _td(d).split_keys(*sets)
+    with pytest.raises(KeyError, match=r"'(zz|a)'"):
+        _tf(d).split_keys(*sets)
+
+
+def test_split_keys_inplace_has_a_pure_spelling() -> None:
+    d = _data(0)
+    ref = _td(d)
+    picked, rest = ref.split_keys(["a"], inplace=True)
+    with pytest.raises(tdfunc.InPlaceError, match=r"\*parts, td = td.split_keys"):
+        _tf(d).split_keys(["a"], inplace=True)
+    *parts, x = _tf(d).split_keys(["a"])  # the pure spelling the error names
+    check(_plain((picked, rest)), (*parts, x), "split_keys(inplace=True)")
 
 
 def test_round_trips_through_files(tmp_path: Path) -> None:

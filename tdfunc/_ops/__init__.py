@@ -40,6 +40,7 @@ from .._tree import map_leaves as map_leaves
 from .._tree import same_structure as same_structure
 from ._batchdim import all_, any_, reduce
 from ._batchdim import common_layout as common_layout
+from ._conveniences import KeySet as KeySet
 from ._conveniences import common_dtype as common_dtype
 from ._conveniences import empty as empty
 from ._conveniences import filter_empty as filter_empty

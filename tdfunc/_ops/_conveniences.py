@@ -13,15 +13,27 @@ container it is called on); ``empty`` and ``filter_empty`` return new containers
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .. import _errors as E
-from .._keys import ABSENT, MISSING, Key, as_path, exclude, get_path, rename_key, select, set_path
-from .._tree import Node, has_leaves, leaves, map_leaves
+from .. import _inplace
+from .._keys import (
+    ABSENT,
+    MISSING,
+    Key,
+    as_path,
+    exclude,
+    get_path,
+    rename_key,
+    select,
+    set_path,
+    walk,
+)
+from .._tree import KeyPath, Node, has_leaves, leaves, map_leaves
 from ._indexing import index
 from ._shape import _shape_arg
 from ._structure import check_same_structure
@@ -196,20 +208,84 @@ def pop(node: Any, key: Key, default: Any = MISSING) -> tuple[Any, Any]:
     return v, exclude(node, [path])
 
 
-def split_keys(node: Any, *key_sets: Sequence[Key], strict: bool = True) -> tuple[Any, ...]:
-    """One container per key set (the entries it names) and a last one with the rest.
+#: a key set of ``split_keys``: keys, a mapping ``old -> new`` (renamed in the output), or a
+#: predicate ``fn(path, leaf) -> bool`` over the leaves no earlier set took
+KeySet = Sequence[Key] | Mapping[Key, Key] | Callable[[KeyPath, Any], bool]
 
-    ``KeyError`` for a missing key when ``strict``; ``strict=False`` skips it.
+
+def split_keys(
+    node: Any,
+    *key_sets: KeySet,
+    inplace: bool = False,
+    default: Any = MISSING,
+    strict: bool = True,
+    reproduce_struct: bool = False,
+) -> tuple[Any, ...]:
+    """One container per key set, then one with the rest (``N + 1`` for ``N`` sets), as
+    tensordict's ``split_keys``; the input is left as it was.
+
+    The sets are taken in order, each from what the earlier ones left (a key two sets name
+    goes to the first). A set is a list of keys, a mapping ``{old: new}`` (the entry is
+    renamed in its output), or a predicate ``fn(path, leaf) -> bool`` called on every leaf
+    left (``path`` a tuple of str; test metadata, not values). A missing key raises
+    ``KeyError`` when ``strict``; with ``strict=False`` it is skipped, or its output gets
+    ``default`` (when given and not ``None``; it is validated as any value set at that key).
+    Nested containers the split leaves without a leaf are dropped from the rest, unless
+    ``reproduce_struct=True``: then every output keeps the whole tree of nested containers
+    of the input, empty where it holds nothing. ``inplace=True`` has no pure meaning
+    (nothing writes into a container) and raises :class:`tdfunc.InPlaceError` naming the
+    pure spelling: ``*parts, td = td.split_keys(...)``.
 
     Example:
         >>> import torch, tdfunc
         >>> td = tdfunc.TensorDict(a=torch.zeros(1), b=torch.ones(1), c=torch.ones(1))
-        >>> [p.keys() for p in td.split_keys(["a"], ["c"])]
-        [['a'], ['c'], ['b']]
+        >>> [p.keys() for p in td.split_keys(["a"], {"c": "z"})]
+        [['a'], ['z'], ['b']]
+        >>> picked, rest = td.split_keys(["a", "x"], strict=False, default=torch.ones(1))
+        >>> picked["x"].tolist(), rest.keys()
+        ([1.0], ['b', 'c'])
     """
-    paths = [[as_path(k) for k in ks] for ks in key_sets]
-    parts = [select(node, ps, strict) for ps in paths]
-    return (*parts, exclude(node, [p for ps in paths for p in ps]))
+    if inplace:
+        raise _inplace.inplace_option_error(type(node), "split_keys")
+    fill = MISSING if strict or default is None else default
+    skeleton = empty(node, True) if reproduce_struct else None
+    rest = node
+    parts = []
+    for ks in key_sets:
+        if callable(ks) and not isinstance(ks, Iterable):
+            pairs = [(p, p) for p, v in walk(rest, leaves_only=True) if ks(p, v)]
+        elif isinstance(ks, Mapping):
+            pairs = [(as_path(o), as_path(n)) for o, n in ks.items()]
+        else:
+            pairs = [(as_path(k), as_path(k)) for k in ks]
+        olds = [o for o, _ in pairs]
+        kept = [o for o, n in pairs if o == n]
+        if not strict:  # a missing nested key must not leave its (empty) parent in the part
+            kept = [o for o in kept if get_path(rest, o, ABSENT) is not ABSENT]
+        part = select(rest, kept, strict)
+        for o, n in pairs:
+            v = get_path(rest, o, MISSING if strict else ABSENT)  # strict: KeyError naming o
+            if v is ABSENT:
+                v = fill  # MISSING: skipped
+            if v is not MISSING and (o != n or v is fill):
+                part = set_path(part, n, v)  # renamed (only n's ancestors) or the default
+        parts.append(part if skeleton is None else _overlay(skeleton, part))
+        rest = exclude(rest, olds)
+    return (*parts, rest if reproduce_struct else filter_empty(rest))
+
+
+def _overlay(skeleton: Any, part: Any) -> Any:
+    """``part`` with every nested container of ``skeleton`` it lacks (``skeleton`` holds no
+    leaf): the tree of ``skeleton`` first, in its order, then ``part``'s other entries."""
+    own = dict(_entries(part))
+    items = []
+    for k, s in _entries(skeleton):
+        v = own.pop(k, ABSENT)
+        if v is ABSENT:
+            items.append((k, s))
+        else:
+            items.append((k, _overlay(s, v) if isinstance(v, Node) and isinstance(s, Node) else v))
+    return part._tdf_with_items([*items, *own.items()])
 
 
 def rename_keys(node: Any, mapping: Mapping[Key, Key], *, strict: bool = True) -> Any:
