@@ -1091,29 +1091,31 @@ def _binop(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     return ops.binary(op, a, b)
 
 
-def _split(x: Any, split_size: Any, dim: int = 0) -> Any:
-    return ops.split(x, split_size, dim)
+def _split(tensor: Any, split_size_or_sections: Any, dim: int = 0) -> Any:
+    return ops.split(tensor, split_size_or_sections, dim)
 
 
+#: torch functions with a container method of their own; each takes its arguments under
+#: torch's own names (``torch.zeros_like(input=td)``, ``torch.split(tensor=td, ...)``)
 _TORCH_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.stack: lambda tensors, dim=0: ops.stack(tensors, dim),
     torch.cat: lambda tensors, dim=0: ops.cat(tensors, dim),
     torch.concat: lambda tensors, dim=0: ops.cat(tensors, dim),
     torch.concatenate: lambda tensors, axis=0: ops.cat(tensors, axis),
-    torch.unbind: lambda x, dim=0: ops.unbind(x, dim),
+    torch.unbind: lambda input, dim=0: ops.unbind(input, dim),
     torch.split: _split,
-    torch.chunk: lambda x, chunks, dim=0: ops.chunk(x, chunks, dim),
-    torch.clone: lambda x, **kw: ops.clone(x),
-    torch.zeros_like: ops.zeros_like,
-    torch.ones_like: ops.ones_like,
-    torch.empty_like: ops.empty_like,
-    torch.full_like: ops.full_like,
-    torch.reshape: lambda x, shape: ops.reshape(x, shape),
-    torch.permute: lambda x, dims: ops.permute(x, dims),
-    torch.transpose: lambda x, dim0, dim1: ops.transpose(x, dim0, dim1),
-    torch.squeeze: lambda x, dim=None: ops.squeeze(x, dim),
-    torch.unsqueeze: lambda x, dim: ops.unsqueeze(x, dim),
-    torch.flatten: lambda x, start_dim=0, end_dim=-1: ops.flatten(x, start_dim, end_dim),
+    torch.chunk: lambda input, chunks, dim=0: ops.chunk(input, chunks, dim),
+    torch.clone: lambda input, **kw: ops.clone(input),
+    torch.zeros_like: lambda input, *a, **kw: ops.zeros_like(input, *a, **kw),
+    torch.ones_like: lambda input, *a, **kw: ops.ones_like(input, *a, **kw),
+    torch.empty_like: lambda input, *a, **kw: ops.empty_like(input, *a, **kw),
+    torch.full_like: lambda input, *a, **kw: ops.full_like(input, *a, **kw),
+    torch.reshape: lambda input, shape: ops.reshape(input, shape),
+    torch.permute: lambda input, dims: ops.permute(input, dims),
+    torch.transpose: lambda input, dim0, dim1: ops.transpose(input, dim0, dim1),
+    torch.squeeze: lambda input, dim=None: ops.squeeze(input, dim),
+    torch.unsqueeze: lambda input, dim: ops.unsqueeze(input, dim),
+    torch.flatten: lambda input, start_dim=0, end_dim=-1: ops.flatten(input, start_dim, end_dim),
     # reductions (torch.sum ... torch.all) are rules of the lifted-op table (_ops/_batchdim.py)
 }
 

@@ -277,10 +277,20 @@ def _result(node: Any, outs: list[Any], first_leaf: Tensor, bd: int, whole: bool
     return tuple(parts)
 
 
+def _input_first(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The input given by keyword (``torch.sum(input=td, dim=0)``) moved to the front, as
+    torch's Python binding does: ``input`` is its name for ATen's first argument ``self``."""
+    if args or "input" not in kwargs:
+        return args, kwargs
+    return (kwargs["input"],), {k: v for k, v in kwargs.items() if k != "input"}
+
+
 def _over_dims(name: str, func: Callable[..., Any], sigs: tuple[_Sig, ...]) -> Callable[..., Any]:
     """The rule of a torch function whose dim arguments name batch dims."""
 
     def rule(*args: Any, **kwargs: Any) -> Any:
+        if not args:
+            args, kwargs = _input_first(args, kwargs)
         sig, bound = _bind(sigs, args, kwargs)
         if sig is None:
             raise TypeError(
@@ -684,11 +694,21 @@ FAMILIES: dict[str, list[str]] = {
     "other": ["expand_as", "masked_select", "pad", "constant_pad_nd", "pad_sequence"],
 }
 
+
+def _tile_rule(input: Any, *sizes: Any, dims: Any = None) -> Any:
+    return tile(input, *(sizes if dims is None else (dims,)))
+
+
+def _masked_select_rule(input: Any, mask: Tensor) -> Any:
+    return masked_select(input, mask)
+
+
+#: the rules of these names take their arguments under torch's names (``input=``, ``dims=``)
 _SPECIAL: dict[str, Callable[..., Any]] = {
     "repeat": repeat,
-    "tile": tile,
+    "tile": _tile_rule,
     "expand_as": expand_as,
-    "masked_select": masked_select,
+    "masked_select": _masked_select_rule,
 }
 
 
@@ -719,6 +739,7 @@ def _aggregate(agg: Callable[..., Any], over: Callable[..., Any]) -> Callable[..
     ``td.all()``; never a Python bool); with a dim, the rule over batch dims."""
 
     def rule(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = _input_first(args, kwargs)
         if len(args) == 1 and set(kwargs) <= {"dim"} and kwargs.get("dim") is None:
             return agg(args[0])
         return over(*args, **kwargs)
