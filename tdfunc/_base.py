@@ -360,8 +360,8 @@ class Container(Node):
         ``fn(path, leaf)``), then one with the rest; each set takes from what the earlier
         ones left. ``strict=False`` skips a missing key or puts ``default`` there;
         ``reproduce_struct=True`` keeps the tree of nested containers in every output;
-        ``inplace=True`` raises :class:`tdfunc.InPlaceError` (see
-        :func:`tdfunc._ops.split_keys`).
+        ``inplace=True`` raises :class:`tdfunc.InPlaceError` naming the pure spelling,
+        ``*parts, td = td.split_keys(...)``.
 
         Example:
             >>> import torch, tdfunc

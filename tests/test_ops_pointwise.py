@@ -297,6 +297,56 @@ def test_like_factories_make_one_leaf_per_leaf() -> None:
     tdfunc.testing.assert_close(td, before)
 
 
+#: the eager-only functions, called as a user would, and their compiled spelling
+EAGER_ONLY = {
+    "torch.rand_like": (lambda td: torch.rand_like(td), lambda td: td.apply(torch.rand_like)),
+    "torch.randn_like": (lambda td: torch.randn_like(td), lambda td: td.apply(torch.randn_like)),
+    "torch.randint_like": (
+        lambda td: torch.randint_like(td, 5),
+        lambda td: td.apply(lambda x: torch.randint_like(x, 5)),
+    ),
+    "torch.nn.functional.sigmoid": (lambda td: F.sigmoid(td), lambda td: td.sigmoid()),
+    "torch.nn.functional.tanh": (lambda td: F.tanh(td), lambda td: torch.tanh(td)),
+    "torch.nn.functional.hardsigmoid": (
+        lambda td: F.hardsigmoid(td),
+        lambda td: td.apply(F.hardsigmoid),
+    ),
+}
+
+
+def test_eager_only_list_is_torchs() -> None:
+    """The eager-only functions are read from torch (``torch.overrides``); these are today's,
+    on torch 2.13 and 2.15 alike. A change here means torch changed: update the cases."""
+    assert _lift.eager_only() == sorted(EAGER_ONLY)
+
+
+@pytest.mark.parametrize("name", sorted(EAGER_ONLY))
+def test_eager_only_functions_lift_eagerly_and_stop_torch_compile(name: str) -> None:
+    """Pinned limitation (docs/lifted-ops.md, "Under torch.compile"): Dynamo never hands these
+    to ``__torch_function__`` (torch lists them as not overridable), so a compiled call fails
+    in Dynamo before tdfunc sees it; eagerly they lift, and the spelling the page gives
+    compiles in one frame with the same structure and dtypes."""
+    call, spelling = EAGER_ONLY[name]
+    td = tdfunc.TensorDict(a=torch.rand(3, 2), n={"b": torch.rand(3)}, batch_size=[3])
+    before = td.clone()
+    eager = call(td)
+    assert eager.batch_size == (3,)
+    assert [x.shape for x in eager.leaves()] == [(3, 2), (3,)]
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="Failed to convert args/kwargs"):
+        torch.compile(call, backend="eager", fullgraph=True)(td)
+    cnt = CompileCounterWithBackend("eager")
+    got = torch.compile(spelling, backend=cnt, fullgraph=True)(td)
+    assert cnt.frame_count == 1
+    assert got.batch_size == eager.batch_size
+    assert [(x.shape, x.dtype) for x in got.leaves()] == [
+        (x.shape, x.dtype) for x in eager.leaves()
+    ]
+    if "rand" not in name:
+        tdfunc.testing.assert_close(got, eager)
+    tdfunc.testing.assert_close(td, before)
+
+
 def test_no_torch_function_ends_in_multiple_dispatch_failed() -> None:
     """Every function torch lets a ``__torch_function__`` override, called with containers
     (one, two, a container and a number), either lifts or raises tdfunc's own error: never

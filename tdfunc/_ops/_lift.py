@@ -157,6 +157,27 @@ def _functions(rule_table: Any) -> list[str]:
     return sorted(n for n in names if not n.split(".")[-1].startswith("_"))
 
 
+def eager_only() -> list[str]:
+    """The lifted torch functions that lift eagerly but not inside ``torch.compile``.
+
+    ``torch.overrides`` lists them among the functions that cannot be overridden
+    (``get_ignored_functions()``: the random ``*_like`` factories, and ``F.sigmoid`` /
+    ``F.tanh`` / ``F.hardsigmoid``, Python functions that call the tensor method). Eagerly they
+    reach the container anyway (torch's C++ binding calls ``__torch_function__``, or the
+    Python function calls the container's method); Dynamo hands ``__torch_function__`` only
+    the overridable functions, so under ``torch.compile`` it stops with "Failed to convert
+    args/kwargs to proxy" before tdfunc sees the call (the gap pytorch/pytorch#156649 reports
+    for DTensor). Read from torch, so the list follows torch when it changes.
+
+    Example:
+        >>> "torch.rand_like" in eager_only(), "torch.exp" in eager_only()
+        (True, False)
+    """
+    ignored = torch.overrides.get_ignored_functions()
+    table = [*_pointwise.FUNCTIONS, *_batchdim._RULES]
+    return sorted({_public_name(f) for f in table if f in ignored})
+
+
 def reference_markdown() -> str:
     """The reference page of every lifted torch function and method, from the table.
 
@@ -166,6 +187,7 @@ def reference_markdown() -> str:
     pw = _functions(_pointwise.FUNCTIONS)
     bd = _functions(_batchdim._RULES)
     methods = sorted(METHODS)
+    eager = eager_only()
     out = [
         "# Lifted torch functions and methods",
         "",
@@ -180,6 +202,8 @@ def reference_markdown() -> str:
         "dim-wise shape and index ops, `pad`) take batch dims as their `dim`. Any other torch",
         "function raises a `TypeError` that names it and points at `td.apply(...)`. An",
         "operator you register with `torch.library` and tag `torch.Tag.pointwise` lifts too.",
+        "The container may be passed by keyword under torch's own argument names, as a tensor",
+        "(`torch.sum(input=td, dim=0)`, `torch.where(mask, td, other=td2)`).",
         "",
         "## The alignment rule",
         "",
@@ -225,6 +249,22 @@ def reference_markdown() -> str:
         f"## Torch functions over batch dims ({len(bd)})",
         "",
         ", ".join(f"`{n}`" for n in bd),
+        "",
+        "## Under torch.compile",
+        "",
+        "The methods and functions above lift inside `torch.compile(fullgraph=True)` as they do",
+        "eagerly (the tests compile a sample of every family: one frame, no recompile on new",
+        f"values), except these {len(eager)}, which lift eagerly only:",
+        ", ".join(f"`{n}`" for n in eager) + ".",
+        "`torch.overrides` lists them among the functions that cannot be overridden",
+        "(`torch.overrides.get_ignored_functions()`), and Dynamo hands a container's",
+        '`__torch_function__` only the overridable ones: it stops with "Failed to convert',
+        'args/kwargs to proxy" before tdfunc sees the call (the same gap as',
+        "[pytorch/pytorch#156649](https://github.com/pytorch/pytorch/issues/156649) for DTensor;",
+        "tdfunc does not patch torch to close it). Inside a compiled function write",
+        "`td.apply(torch.rand_like)` (`randn_like`, `randint_like`: one frame), and for the",
+        "activations the method or the `torch.` function (`td.sigmoid()`, `torch.tanh(td)`) or",
+        "`td.apply(F.hardsigmoid)`.",
         "",
     ]
     return "\n".join(out)
