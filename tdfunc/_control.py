@@ -300,13 +300,14 @@ def scan(
     *,
     dim: int = 0,
     reverse: bool = False,
+    unroll: bool = False,
 ) -> tuple[Any, Any]:
     """Inclusive scan, as ``torch._higher_order_ops.scan``, over TensorDicts and tensorclasses.
 
     ``combine_fn(carry, x) -> (next_carry, y)`` is called for each slice ``x`` of ``xs`` along
     ``dim`` (for a TensorDict / tensorclass, one of its batch dims: the slice has that batch dim
-    removed). ``next_carry`` has the structure of ``init``; the ``y`` are stacked along a new
-    leading dim (a TensorDict ``y`` gains a leading batch dim).
+    removed). ``next_carry`` has the structure of ``init``; the ``y`` are stacked along ``dim``
+    (a TensorDict ``y`` gains a batch dim there).
 
     Args:
         combine_fn: ``(carry, x) -> (next_carry, y)``.
@@ -314,6 +315,15 @@ def scan(
         xs: the sequence to scan over.
         dim: the dim of ``xs`` to scan over.
         reverse: scan from the end.
+        unroll: run ``combine_fn`` in a Python loop, once per slice, instead of torch's scan
+            operator (JAX's ``lax.scan(unroll=...)``, fully unrolled): the same results, no
+            loop at run time, and gradients through it with :func:`tdfunc.value_and_grad`
+            inside :func:`tdfunc.compile`. Each slice is a copy (``.clone()``), so every call
+            sees inputs of the same shape, strides and storage offset. Do not wrap
+            ``combine_fn`` in ``torch.compiler.nested_compile_region`` for a compiled training
+            step yet: torch 2.13-2.15's inductor computes wrong gradients for a region that
+            reads slices of a stacked tensor (eager and ``aot_eager`` are right; see the
+            training-loop guide).
 
     Returns:
         ``(final_carry, ys)``.
@@ -321,7 +331,10 @@ def scan(
     Raises:
         ValueError: ``dim`` is not a batch dim of a container in ``xs``; or ``next_carry`` has
             another structure than ``init`` (raised from inside torch's tracing, so it reaches
-            the caller wrapped in a torch error whose text contains the message).
+            the caller wrapped in a torch error whose text contains the message). With
+            ``unroll=True`` also: the leaves of ``xs`` differ in size along ``dim`` (the message
+            names them), ``xs`` has no slice, or ``y`` changes structure between slices.
+        TypeError: ``unroll`` is not a bool; ``combine_fn`` does not return a pair.
 
     Example:
         >>> import torch, tdfunc
@@ -329,10 +342,17 @@ def scan(
         >>> total, ys = tdfunc.scan(lambda c, x: (c + x, c + x), xs[0] * 0, xs)
         >>> total["r"].tolist(), ys.batch_size
         ([5.0, 5.0], torch.Size([5, 2]))
+        >>> total2, ys2 = tdfunc.scan(lambda c, x: (c + x, c + x), xs[0] * 0, xs, unroll=True)
+        >>> bool((total2 == total).all()), bool((ys2 == ys).all())
+        (True, True)
     """
+    if not isinstance(unroll, bool):
+        raise TypeError(E.SCAN_UNROLL.format(value=unroll))
     _check_scan_dim(xs, dim)
     flat_init, init_spec = _flatten(init, "scan init")
     flat_xs, xs_spec = _flatten(xs, "scan xs")
+    if unroll:
+        return _scan_unrolled(combine_fn, init, xs, flat_xs, xs_spec, dim, reverse)
     n_init = len(flat_init)
 
     def combine_flat(carry: list[Tensor], x: list[Tensor]) -> tuple[Any, Any]:
@@ -352,6 +372,54 @@ def scan(
         pytree.tree_unflatten(list(carry), init_spec),
         pytree.tree_unflatten(list(y_leaves), _key_spec(key)),
     )
+
+
+def _scan_unrolled(
+    combine_fn: Callable[[Any, Any], tuple[Any, Any]],
+    init: Any,
+    xs: Any,
+    flat_xs: list[Tensor],
+    xs_spec: pytree.TreeSpec,
+    dim: int,
+    reverse: bool,
+) -> tuple[Any, Any]:
+    """:func:`scan` as a Python loop (``unroll=True``): one ``combine_fn`` call per cloned
+    slice, the ``y`` stacked along ``dim`` (as the operator stacks them)."""
+    n = flat_xs[0].shape[dim] if flat_xs else 0
+    for leaf in flat_xs[1:]:
+        if leaf.shape[dim] != n:
+            paths = _paths(xs)
+            m = leaf.shape[dim]
+            at = next(i for i, t in enumerate(flat_xs) if t.shape[dim] != n)
+            raise ValueError(
+                E.SCAN_LENGTH.format(dim=dim, first=paths[0], n=n, path=paths[at], m=m)
+            )
+    if n == 0:
+        raise ValueError(E.SCAN_EMPTY.format(dim=dim))
+    carry = init
+    ys: list[list[Tensor]] = []
+    y_spec: pytree.TreeSpec | None = None
+    for i in range(n - 1, -1, -1) if reverse else range(n):
+        x = pytree.tree_unflatten([t.select(dim, i).clone() for t in flat_xs], xs_spec)
+        out = combine_fn(carry, x)
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError(E.SCAN_PAIR.format(typ=type(out).__name__))
+        new_c, y = out
+        _check_structure(init, new_c, "scan combine_fn (next_carry)", "init")
+        y_leaves, spec = _flatten(y, "scan combine_fn output y")
+        if y_spec is None:
+            y_spec = spec
+        elif spec != y_spec:
+            missing, extra, note = _difference(pytree.tree_unflatten(ys[0], y_spec), y)
+            detail = f"missing {missing}, extra {extra}{note}"
+            raise ValueError(E.SCAN_Y_STRUCTURE.format(i=i, detail=detail))
+        carry = new_c
+        ys.append(y_leaves)
+    if reverse:
+        ys.reverse()
+    assert y_spec is not None
+    stacked = [torch.stack(column, dim) for column in zip(*ys)] if ys[0] else []
+    return carry, pytree.tree_unflatten(stacked, y_spec)
 
 
 __all__ = ["cond", "scan", "while_loop"]

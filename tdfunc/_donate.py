@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from . import _errors as E
-from ._compat import compiled_graphs, is_traceable_wrapper_subclass, pytree
+from ._compat import compiled_graphs, is_traceable_wrapper_subclass, pytree, trace_autograd
 from ._keys import fmt_key
 from ._tree import KeyPath, Node, is_node, leaves, leaves_with_paths
 
@@ -360,7 +360,8 @@ class CompileLog:
     def run(self, compiled: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         before = compiled_graphs()
         t0 = time.perf_counter()
-        out = compiled(*args, **kwargs)
+        with trace_autograd():
+            out = compiled(*args, **kwargs)
         self.calls += 1
         graphs = compiled_graphs() - before
         if graphs:

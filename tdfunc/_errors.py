@@ -162,6 +162,19 @@ SCAN_DIM = (
 )
 #: ``scan``'s combine_fn must return a pair.
 SCAN_PAIR = "scan: combine_fn must return a pair (next_carry, y), got {typ}"
+SCAN_UNROLL = "scan: unroll must be True or False, got {value!r}"
+SCAN_LENGTH = (
+    "scan(unroll=True): every leaf of xs must have the same size along dim {dim}: {first} has "
+    "{n}, {path} has {m}"
+)
+SCAN_EMPTY = (
+    "scan(unroll=True): xs has no slice along dim {dim} (size 0), so the structure of the "
+    "outputs y is unknown"
+)
+SCAN_Y_STRUCTURE = (
+    "scan(unroll=True): combine_fn returned a y of another structure at slice {i} than at the "
+    "first slice: {detail}"
+)
 #: ``cond``: the branches returned different structures (found when running eagerly).
 COND_BRANCHES = (
     "cond: true_fn and false_fn returned different structures: keys only in true_fn's output: "

@@ -8,8 +8,9 @@ function on detached aliases of the differentiated leaves that require grad and 
 gradients with ``torch.autograd.grad``: the function (or regions inside it) can be compiled
 with ``torch.compile``, and AOTAutograd then splits each compiled region into a forward and a
 backward graph, so torch's regional compilation, ``nested_compile_region`` and ``scan`` apply
-and a block repeated N times compiles once. Eager boundary code: Dynamo does not trace
-``torch.autograd.grad`` (compile the function, or its blocks, not the caller).
+and a block repeated N times compiles once. Inside :func:`tdfunc.compile` it is traced too
+(tdfunc.compile lets Dynamo trace ``torch.autograd.grad`` for its calls): a whole step is then
+one graph, as with ``torch.func``.
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ def value_and_grad(
     forward and backward graphs: a block repeated N times compiles once, and the first call
     costs what torch's own regional recipe costs instead of growing with the depth (see the
     training-loop guide). The optimizer step then runs eagerly on torch's fused kernels
-    (``optim.step(..., donate=True)``). ``value_and_grad`` itself is eager code: call it
-    outside ``torch.compile`` (Dynamo does not trace ``torch.autograd.grad``).
+    (``optim.step(..., donate=True)``). Called inside a function compiled with
+    :func:`tdfunc.compile`, it is traced with the rest (one graph: forward, backward and
+    whatever follows); inside a plain ``torch.compile`` Dynamo stops at
+    ``torch.autograd.grad`` unless ``torch._dynamo.config.trace_autograd_ops`` is set.
 
     Args:
         fn: returns a scalar tensor, or ``(scalar, aux)`` with ``has_aux=True``.
