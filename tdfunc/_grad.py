@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import Tensor
 
 from . import _errors as E
+from . import _tree
 from ._compat import pytree
+from ._tree import is_node
 
 __all__ = ["value_and_grad"]
 
@@ -35,6 +37,21 @@ def _argnums(argnums: int | Sequence[int]) -> tuple[int, ...]:
     if len(set(nums)) != len(nums):
         raise ValueError(E.GRAD_ARGNUMS.format(value=argnums))
     return nums
+
+
+def _unflatten(leaves: list[Tensor], spec: pytree.TreeSpec) -> Any:
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def _raise_leaf(i: int, arg: Any, leaf: Any) -> NoReturn:
+    """The error for a leaf that cannot be differentiated, with its path (found only now)."""
+    for path, x in pytree.tree_flatten_with_path(arg)[0]:
+        if x is leaf:
+            kind = leaf.dtype if isinstance(leaf, Tensor) else type(leaf).__name__
+            raise TypeError(
+                E.GRAD_LEAF.format(arg=i, path=pytree.keystr(path) or "(root)", kind=kind)
+            )
+    raise AssertionError("unreachable: the leaf came from this argument")
 
 
 def _detach_tree(x: Any) -> Any:
@@ -96,22 +113,24 @@ def value_and_grad(
     def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
         args_l = list(args)
         inputs: list[Tensor] = []
-        specs: list[tuple[int, int, pytree.TreeSpec]] = []
+        rebuilds: list[tuple[int, Callable[[list[Tensor]], Any]]] = []
         for i in nums:
             if not -len(args_l) <= i < len(args_l):
                 raise TypeError(E.GRAD_ARGNUM_RANGE.format(index=i, n=len(args_l)))
-            with_paths, spec = pytree.tree_flatten_with_path(args_l[i])
-            aliases = []
-            for path, leaf in with_paths:
+            arg = args_l[i]
+            if is_node(arg):  # the fast path: the container's own walk and trusted rebuild
+                leaves = _tree.leaves(arg)
+                rebuild: Callable[[list[Tensor]], Any] = functools.partial(_tree.map_leaves, arg)
+            else:
+                leaves, spec = pytree.tree_flatten(arg)
+                rebuild = functools.partial(_unflatten, spec=spec)
+            for leaf in leaves:
                 if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
-                    kind = leaf.dtype if isinstance(leaf, Tensor) else type(leaf).__name__
-                    raise TypeError(
-                        E.GRAD_LEAF.format(arg=i, path=pytree.keystr(path) or "(root)", kind=kind)
-                    )
-                aliases.append(leaf.detach().requires_grad_())
-            specs.append((i, len(inputs), spec))
+                    _raise_leaf(i, arg, leaf)
+            aliases = [leaf.detach().requires_grad_() for leaf in leaves]
+            rebuilds.append((len(inputs), rebuild))
             inputs.extend(aliases)
-            args_l[i] = pytree.tree_unflatten(aliases, spec)
+            args_l[i] = rebuild(aliases)
         with torch.enable_grad():
             out = fn(*args_l, **kwargs)
         value, aux = out if has_aux else (out, None)
@@ -123,9 +142,9 @@ def value_and_grad(
             got = torch.autograd.grad(value, inputs, allow_unused=True)
         grads = [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, got)]
         trees = []
-        for k, (_, start, spec) in enumerate(specs):
-            end = specs[k + 1][1] if k + 1 < len(specs) else len(grads)
-            trees.append(pytree.tree_unflatten(grads[start:end], spec))
+        for k, (start, rebuild) in enumerate(rebuilds):
+            end = rebuilds[k + 1][0] if k + 1 < len(rebuilds) else len(grads)
+            trees.append(rebuild(grads[start:end]))
         result = trees[0] if isinstance(argnums, int) else tuple(trees)
         value = value.detach()
         return ((value, _detach_tree(aux)) if has_aux else value), result
