@@ -2,8 +2,9 @@
 ``test_bench_compile_regions.py``: ``python -m compile_benchmarks._regions_step KIND MODEL``
 (``MODEL``: a number N of residual blocks LayerNorm -> Linear 64->256 -> GELU -> Linear
 256->64 on a batch of 32, or ``gpt2``: the 2-layer GPT-2 of ``test_bench_optim``) prints the
-first call's wall and CPU time, the median step time and Dynamo's graph count as one JSON
-line.
+first call's wall and CPU time, the median step time, Dynamo's graph count and the guards
+of each compiled frame (``guards``: Dynamo checks a frame's guards on every call of it, so a
+step of compiled blocks checks the block frame's once per block) as one JSON line.
 
 Kinds: ``joint`` (today's tdfunc step: functional_call + torch.func.grad_and_value +
 optim.step, one graph, donated), ``compiled_model`` (``torch.compile(model)`` +
@@ -17,6 +18,8 @@ whole loss compiled).
 from __future__ import annotations
 
 import json
+import logging
+import re
 import resource
 import sys
 import time
@@ -39,6 +42,19 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+class _GuardLog(logging.Handler):
+    """Counts the guards of each frame Dynamo compiles (its ``guards`` log)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[int] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        n = len(re.findall(r"\+- [A-Z_]+:", record.getMessage()))
+        if n:  # the log's other records (headers) hold none
+            self.frames.append(n)
 
 
 def _children_cpu() -> float:
@@ -138,6 +154,9 @@ def main(kind: str, which: str) -> dict[str, Any]:
             st[0], st[1] = optim.step(opt, g, st[1], st[0], donate=True)
             return loss
 
+    guard_log = _GuardLog()
+    torch._logging.set_logs(guards=True)
+    logging.getLogger("torch._dynamo.guards.__guards").addHandler(guard_log)
     k0 = _children_cpu()
     c0 = time.process_time()
     t0 = time.perf_counter()
@@ -160,6 +179,7 @@ def main(kind: str, which: str) -> dict[str, Any]:
         "step_ms": times[len(times) // 2] * 1e3,
         "loss0": float(loss0),
         "frames": counters["stats"]["unique_graphs"],
+        "guards": guard_log.frames,
     }
 
 

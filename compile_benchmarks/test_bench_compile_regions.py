@@ -60,6 +60,9 @@ def test_cold_first_call_by_depth(benchmark: Any, blocks: str) -> None:
         "cold_cpu_s": {k: v["cpu_s"] for k, v in got.items()},
         "step_ms": {k: v["step_ms"] for k, v in got.items()},
         "graphs": {k: v["frames"] for k, v in got.items()},
+        # the guards of each compiled frame (checked on every call of that frame: the block
+        # frame of vg_blockc / regional once per block and step)
+        "guards": {k: v["guards"] for k, v in got.items()},
         # targets: <= 1.0x regional (8, 24 blocks), <= 1.0x torch.compile(model) (2 blocks),
         # steady state <= 1.05x the joint step
         "blockc_over_regional": cpu["vg_blockc"] / cpu["regional"],
