@@ -18,6 +18,7 @@ from . import _ops as ops
 from ._compat import DisableTorchFunctionSubclass
 from ._keys import ABSENT, Key, as_path, get_path, is_key
 from ._ops import _lift
+from ._ops._lift import run_rule as _run_rule
 from ._tree import Node, leaves, shallow_copy
 
 T = TypeVar("T", bound="Container")
@@ -1051,7 +1052,7 @@ class Container(Node):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        impl = _TORCH_FUNCTIONS.get(func)
+        impl = _HANDLERS.get(func)  # the common case: one dict hit
         if impl is not None:
             return impl(*args, **kwargs)
         name = getattr(func, "__name__", "")
@@ -1078,15 +1079,21 @@ class Container(Node):
         return _lift.dispatch(func, args, kwargs)
 
 
-_SUPPORTED = (Tensor, int, float, bool, complex)
+#: the operands of an operator besides tensors (``_is_tensor``: traced code that reaches the
+#: ``Tensor`` class through this module's globals and ``_tree``'s would cost a Python
+#: identity guard per compiled call)
+_SUPPORTED = (Container, int, float, bool, complex)
+_is_tensor = torch.is_tensor
+
+
+def _operand(x: Any) -> bool:
+    return isinstance(x, _SUPPORTED) or _is_tensor(x)
 
 
 def _binop(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
-    if not (isinstance(a, (Container, *_SUPPORTED)) and isinstance(b, (Container, *_SUPPORTED))):
+    if not (_operand(a) and _operand(b)):
         a, b = ops.as_operand(a), ops.as_operand(b)
-        if not (
-            isinstance(a, (Container, *_SUPPORTED)) and isinstance(b, (Container, *_SUPPORTED))
-        ):
+        if not (_operand(a) and _operand(b)):
             return NotImplemented
     return ops.binary(op, a, b)
 
@@ -1155,6 +1162,37 @@ _DUNDER_ALIASED: tuple[tuple[Any, tuple[Callable[..., Any], bool]], ...] = tuple
     for name, v in _DUNDER.items()
     if getattr(getattr(Tensor, name, None), "__name__", name) != name
 )
+
+
+def _lifted(func: Callable[..., Any], rule: Callable[..., Any]) -> Callable[..., Any]:
+    def handler(*args: Any, **kwargs: Any) -> Any:
+        return _run_rule(func, rule, args, kwargs)
+
+    return handler
+
+
+def _by_name_or_alias(func: Any) -> bool:
+    """Whether ``__torch_function__`` handles ``func`` before the op table (its name, or its
+    identity, makes it a pass-through function or an operator)."""
+    name = getattr(func, "__name__", "")
+    return (
+        name in _PYTREE_PASSTHROUGH
+        or name in _DUNDER
+        or name == "wrapped"
+        or any(func is f for f, _ in _DUNDER_ALIASED)
+    )
+
+
+#: what ``__torch_function__`` looks up first: the functions with a container method of
+#: their own, then every function of the lifted-op table that it would reach the table for
+#: (the same rule ``_lift.dispatch`` finds, looked up once here). One dict *hit* per call:
+#: inside ``torch.compile`` a hit is guarded by its key alone, where the misses of the
+#: former chain of lookups (``_TORCH_FUNCTIONS``, then the batch-dim rules before the
+#: pointwise ones) were guarded by every key of each dict: ~150 guards per call
+_HANDLERS: dict[Any, Callable[..., Any]] = {
+    **{f: _lifted(f, r) for f, r in _lift.TABLE.items() if not _by_name_or_alias(f)},
+    **_TORCH_FUNCTIONS,
+}
 
 #: every lifted torch function's Tensor-like method (``td.exp()``, ``td.clamp(...)``,
 #: ``td.bool()``, ``td.cumsum(0)``), one mechanism from the table in ``_ops/_lift.py``;

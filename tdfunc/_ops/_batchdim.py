@@ -61,6 +61,10 @@ _DIM_NAMES = frozenset(
 #: with the batch dims and expanded over each leaf's feature dims
 _ALIGN_NAMES = frozenset({"index", "indices", "src"})
 _REQUIRED = inspect.Parameter.empty
+#: ``isinstance(x, Tensor)`` under another name: traced code that also reads ``_tree``'s
+#: ``Tensor`` would reach one class through two module globals, which Dynamo guards with a
+#: Python identity check on every compiled call
+_is_tensor = torch.is_tensor
 
 
 class _Sig(NamedTuple):
@@ -77,6 +81,10 @@ class _Sig(NamedTuple):
     pointwise: bool  # this overload is elementwise (``max(td, other)``): not ours
     checks: tuple[Callable[[Any], bool], ...] = ()  # what each argument accepts (by kind)
     operands: tuple[int, ...] = ()  # positions after the input that can hold a tensor
+    # positions of the arguments without a default: read from here while binding, not by
+    # comparing each default with the sentinel (two defaults that are the one sentinel
+    # object cost a Python identity guard per compiled call)
+    required: tuple[int, ...] = ()
 
 
 def _kind(typ: str) -> str:
@@ -97,15 +105,21 @@ def _kind(typ: str) -> str:
     return k + "?" if opt else k
 
 
+#: read once here: traced code that reaches ``torch`` through this module's global while the
+#: caller's frame reaches it through its own costs a Python identity guard per compiled call
+_INT_TYPES = (int, torch.SymInt)
+_SEQ_TYPES = (list, tuple, torch.Size)
+
+
 def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
+    return isinstance(v, _INT_TYPES) and not isinstance(v, bool)
 
 
 #: what each kind of argument accepts
 _CHECKS: dict[str, Callable[[Any], bool]] = {
-    "T": lambda v: isinstance(v, Tensor) or is_node(v),
+    "T": lambda v: _is_tensor(v) or is_node(v),
     "I": _is_int,
-    "IL": lambda v: _is_int(v) or isinstance(v, (list, tuple, torch.Size)),
+    "IL": lambda v: _is_int(v) or isinstance(v, _SEQ_TYPES),
     "B": lambda v: isinstance(v, bool),
     "N": lambda v: isinstance(v, (int, float, complex, torch.SymInt, torch.SymFloat)),
     "D": lambda v: isinstance(v, torch.dtype),
@@ -173,6 +187,7 @@ def _aten_sigs(name: str, reduction: bool) -> tuple[_Sig, ...]:
                 torch.Tag.pointwise in tags,
                 tuple(_check_of(k) for k in kinds),
                 _operands(kinds),
+                _required(defaults),
             )
         )
     return tuple(out)
@@ -199,7 +214,12 @@ def _py_sig(func: Callable[..., Any], aten: tuple[_Sig, ...]) -> _Sig:
         False,
         tuple(_check_of(k) for k in kinds),
         _operands(kinds),
+        _required(tuple(p.default for p in params)),
     )
+
+
+def _required(defaults: tuple[Any, ...]) -> tuple[int, ...]:
+    return tuple(i for i, d in enumerate(defaults) if d is _REQUIRED)
 
 
 def _bind(
@@ -227,10 +247,7 @@ def _bind(
                 break
         if not ok:
             continue
-        if any(
-            d is _REQUIRED and i >= len(a) and n not in kwargs
-            for i, (n, d) in enumerate(zip(s.names, s.defaults))
-        ):
+        if any(i >= len(a) and s.names[i] not in kwargs for i in s.required):
             continue
         return s, a
     return None, args
@@ -252,7 +269,7 @@ def _put(args: list[Any], kw: dict[str, Any], i: int, name: str, value: Any) -> 
 
 def _norm_dims(value: Any, bs: torch.Size) -> Any:
     nd = max(len(bs), 1)  # a 0-d batch takes 0 and -1, as a 0-d tensor
-    if isinstance(value, (list, tuple, torch.Size)):
+    if isinstance(value, _SEQ_TYPES):
         return [norm_dim(d, nd, bs) for d in value]
     return norm_dim(value, nd, bs)
 
@@ -264,7 +281,7 @@ def _is_all(value: Any) -> bool:
 def _result(node: Any, outs: list[Any], first_leaf: Tensor, bd: int, whole: bool) -> Any:
     """The container(s) of per-leaf results; the batch size read from the first result."""
     r0 = outs[0]
-    if isinstance(r0, Tensor):
+    if _is_tensor(r0):
         if whole:  # each whole leaf reduced: 0-d, or all-ones with keepdim
             bs = r0.shape[:bd] if r0.ndim == first_leaf.ndim else torch.Size(())
             return map_leaves(node, outs, bs, keep_extra=False)
@@ -350,7 +367,7 @@ def _lift(
         if is_node(v):
             check_same_structure(node, v, name)
             slots.append((i, n, leaves(v), False))
-        elif i in sig.aligned and isinstance(v, Tensor):
+        elif i in sig.aligned and _is_tensor(v):
             if v.ndim != bd:
                 raise ValueError(
                     E.BATCHDIM_ALIGN.format(
@@ -391,7 +408,7 @@ def _zero_d(
     def up(v: Any, aligned_slot: bool) -> Any:
         if is_node(v):
             return unsqueeze(v, 0)
-        if aligned_slot and isinstance(v, Tensor) and v.ndim == 0:
+        if aligned_slot and _is_tensor(v) and v.ndim == 0:
             return v.unsqueeze(0)
         return v
 
@@ -413,7 +430,7 @@ def _down(out: Any) -> Any:
 # the other families
 # --------------------------------------------------------------------------------------
 def _sizes_arg(sizes: tuple[Any, ...]) -> tuple[Any, ...]:
-    if len(sizes) == 1 and isinstance(sizes[0], (list, tuple, torch.Size)):
+    if len(sizes) == 1 and isinstance(sizes[0], _SEQ_TYPES):
         return tuple(sizes[0])
     return tuple(sizes)
 
@@ -468,7 +485,7 @@ def masked_select(node: Any, mask: Tensor) -> Any:
         >>> masked_select(td, torch.tensor([True, False, True]))["a"].tolist()
         [[0.0, 1.0], [4.0, 5.0]]
     """
-    if not isinstance(mask, Tensor) or mask.shape != node._batch_size:
+    if not _is_tensor(mask) or mask.shape != node._batch_size:
         raise ValueError(
             E.BATCHDIM_MASK.format(
                 op="masked_select",
@@ -581,7 +598,7 @@ def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwarg
         >>> td.sum(dim=0)["a"].tolist(), td.sum()["a"].item()
         ([4.0, 4.0, 4.0], 12.0)
     """
-    fn = getattr(torch, name)
+    fn = _REDUCE_FNS.get(name) or getattr(torch, name)
     if dim is None:
         return map_leaves(
             node, [fn(x, **kwargs) for x in leaves(node)], torch.Size(()), keep_extra=False
@@ -598,6 +615,9 @@ def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwarg
         return _RULES[fn](node, dims, keepdim=keepdim, **kwargs)
     # the hot path of td.sum(0) & co: the dims are known batch dims, nothing to bind
     out = [fn(x, dims, keepdim=keepdim, **kwargs) for x in leaves(node)]
+    new_bd = len(bs) if keepdim else len(bs) - len(dims)
+    if out:  # the batch size read from the first result, as _result does
+        return map_leaves(node, out, out[0].shape[:new_bd])
     if keepdim:
         new_bs = torch.Size([1 if i in dims else s for i, s in enumerate(bs)])
     else:
@@ -607,6 +627,12 @@ def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwarg
 
 #: reductions whose torch function takes a single dim
 _ONE_DIM = frozenset({"prod", "all", "any"})
+#: the torch function of each reduction method (``td.sum(0)``...), read from here in traced
+#: code: see ``_INT_TYPES``
+_REDUCE_FNS: dict[str, Callable[..., Any]] = {
+    n: getattr(torch, n)
+    for n in ("sum", "mean", "prod", "amax", "amin", "std", "var", "all", "any")
+}
 
 
 def all_(node: Any, dim: Any = None) -> Any:

@@ -88,16 +88,42 @@ def dispatch(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, An
         >>> dispatch(torch.exp, (td,), {})["a"].tolist()
         [1.0, 1.0]
     """
+    rule = rule_for(func)
+    if rule is None:
+        if kwargs.get("out") is not None:
+            raise not_liftable(func, E.LIFT_REASON_OUT)
+        if kwargs.get("inplace") is True:
+            raise not_liftable(func, E.LIFT_REASON_INPLACE)
+        raise not_liftable(func, _reason(func))
+    return run_rule(func, rule, args, kwargs)
+
+
+def run_rule(
+    func: Callable[..., Any], rule: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+) -> Any:
+    """``func(*args, **kwargs)`` through ``rule``, its rule: ``out=`` and ``inplace=True``
+    refused (a container is never written to), ``inplace=False`` dropped.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(2), batch_size=[2])
+        >>> run_rule(torch.exp, TABLE[torch.exp], (td,), {})["a"].tolist()
+        [1.0, 1.0]
+    """
     if kwargs.get("out") is not None:
         raise not_liftable(func, E.LIFT_REASON_OUT)
     if kwargs.get("inplace") is True:
         raise not_liftable(func, E.LIFT_REASON_INPLACE)
-    rule = rule_for(func)
-    if rule is None:
-        raise not_liftable(func, _reason(func))
     if "inplace" in kwargs:
         kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
     return rule(*args, **kwargs)
+
+
+#: every torch function of the op table -> its rule, as :func:`rule_for` gives it (the
+#: batch-dim families win where both name one); read once, so that ``__torch_function__``
+#: finds a rule with one dict hit (inside ``torch.compile`` a hit is guarded by its key alone,
+#: where a miss is guarded by every key of the dict it missed)
+TABLE: dict[Any, Callable[..., Any]] = {**_pointwise._RULES, **_batchdim._RULES}
 
 
 #: every container method that is sugar over a lifted function: name -> the ``Tensor``

@@ -17,6 +17,10 @@ from .._tree import is_node, leaves, map_leaves
 from ._structure import check_batch_invariant, check_same_structure
 
 _is_batched = is_batchedtensor
+#: not ``torch.is_grad_enabled()`` in traced code: a caller's frame that reaches ``torch``
+#: through its own globals would make Dynamo check that both are one module with a Python
+#: guard on every compiled call (a function reached two ways costs no such guard)
+_is_grad_enabled = torch.is_grad_enabled
 
 
 # --------------------------------------------------------------------------------------
@@ -47,7 +51,7 @@ def _can_foreach(ls: list[Tensor]) -> bool:
     such as a float leaf that requires grad next to an integer leaf)."""
     if not ls or any(map(_is_batched, ls)):
         return False
-    if torch.is_grad_enabled() and any(x.requires_grad for x in ls):
+    if _is_grad_enabled() and any(x.requires_grad for x in ls):
         d = ls[0].dtype
         return all(x.dtype == d for x in ls)
     return True

@@ -39,6 +39,11 @@ from .._twins import constant_when_traced, traced_as
 from ._math import _can_foreach
 from ._structure import check_batch_invariant, check_same_structure
 
+#: ``isinstance(x, Tensor)`` under another name: traced code that also reads ``_tree``'s
+#: ``Tensor`` would reach one class through two module globals, which Dynamo guards with a
+#: Python identity check on every call
+_is_tensor = torch.is_tensor
+
 _POINTWISE = torch.Tag.pointwise
 #: schema argument names of a mask that aligns with the batch dims
 _MASK_NAMES = frozenset({"condition", "mask"})
@@ -276,8 +281,17 @@ def _unary_leaves(name: str, ls: list[Tensor]) -> list[Tensor]:
 
 @traced_as(_unary_leaves)
 def _unary_leaves_traced(name: str, ls: list[Tensor]) -> list[Tensor]:
-    f = getattr(torch, name)
+    f = _UNARY_FUNCTIONS[name]  # not getattr(torch, name): see _UNARY_FUNCTIONS
     return [f(x) for x in ls]
+
+
+#: ``torch.<name>`` of each unary op with a foreach twin. Traced code reads the function
+#: from here rather than from this module's ``torch`` global: the caller's frame reaching
+#: ``torch`` through its own globals would make Dynamo check that both are the same module
+#: with a Python guard on every compiled call
+_UNARY_FUNCTIONS: dict[str, Callable[..., Tensor]] = {
+    n: getattr(torch, n) for n in unary_foreach if hasattr(torch, n)
+}
 
 
 def _may_grow(
@@ -286,10 +300,10 @@ def _may_grow(
     """Whether a result may not start with the batch dims: a plain tensor with dims that is
     not an aligned mask, or a mask that does not broadcast to the batch unchanged."""
     for i, v in enumerate(args):
-        if isinstance(v, Tensor) and v.ndim > 0 and (i not in masks or v.shape != bs[: v.ndim]):
+        if _is_tensor(v) and v.ndim > 0 and (i not in masks or v.shape != bs[: v.ndim]):
             return True
     for k, v in kwargs.items():
-        if isinstance(v, Tensor) and v.ndim > 0 and (k not in kmasks or v.shape != bs[: v.ndim]):
+        if _is_tensor(v) and v.ndim > 0 and (k not in kmasks or v.shape != bs[: v.ndim]):
             return True
     return False
 
@@ -322,10 +336,8 @@ def lift(
     bd = len(ref._batch_size)
     acols = [leaves(a) if is_node(a) else None for a in args]
     kcols = {k: leaves(v) for k, v in kwargs.items() if is_node(v)}
-    masks = [
-        i for i in mask_pos if i < len(args) and isinstance(args[i], Tensor) and args[i].ndim <= bd
-    ]
-    kmasks = [k for k in mask_names if isinstance(kwargs.get(k), Tensor) and kwargs[k].ndim <= bd]
+    masks = [i for i in mask_pos if i < len(args) and _is_tensor(args[i]) and args[i].ndim <= bd]
+    kmasks = [k for k in mask_names if _is_tensor(kwargs.get(k)) and kwargs[k].ndim <= bd]
     if not masks and not kmasks and not kcols:
         out = [
             func(*[c[j] if c is not None else v for v, c in zip(args, acols)], **kwargs)
