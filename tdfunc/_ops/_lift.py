@@ -5,6 +5,8 @@ One table, read from torch's own metadata, never a hand list:
 
 - the families over batch dims (reductions, scans, softmax, sorting, dim-wise shape and
   index ops, ``pad``): :func:`tdfunc._ops._batchdim.rule_for`;
+- torch's aliases (``torch.divide``, ``torch.arccos``...: their docstrings name the function
+  they stand for) take that function's rule: :mod:`tdfunc._ops._aliases`;
 - the pointwise family (every function whose ATen operator is tagged
   ``torch.Tag.pointwise``, casts, operators a user registers with ``torch.library`` and tags
   pointwise): :func:`tdfunc._ops._pointwise.rule_for`;
@@ -25,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _errors as E
-from . import _batchdim, _pointwise
+from . import _aliases, _batchdim, _pointwise
 from ._pointwise import align_to_batch as align_to_batch
 
 
@@ -75,7 +77,10 @@ def rule_for(func: Callable[..., Any]) -> Callable[..., Any] | None:
     r = _batchdim.rule_for(func)
     if r is not None:
         return r
-    return _pointwise.rule_for(func)
+    r = _pointwise.rule_for(func)
+    if r is not None:
+        return r
+    return _ALIAS_RULES.get(func)
 
 
 def dispatch(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -125,10 +130,19 @@ def run_rule(
 #: where a miss is guarded by every key of the dict it missed)
 TABLE: dict[Any, Callable[..., Any]] = {**_pointwise._RULES, **_batchdim._RULES}
 
+#: torch's aliases (``torch.divide``, ``torch.arccos``, ``Tensor.greater`` ...), read from
+#: torch's docstrings: each takes the rule of the function it names (``_aliases.py``)
+_ALIAS_RULES, _ALIAS_METHODS = _aliases.alias_rules(TABLE)
+TABLE.update(_ALIAS_RULES)
+
 
 #: every container method that is sugar over a lifted function: name -> the ``Tensor``
 #: method it mirrors. Pointwise first; the batch-dim table wins where both name one.
-METHODS: dict[str, Callable[..., Any]] = {**_pointwise.METHODS, **_batchdim.METHODS}
+METHODS: dict[str, Callable[..., Any]] = {
+    **_ALIAS_METHODS,
+    **_pointwise.METHODS,
+    **_batchdim.METHODS,
+}
 
 
 def _method(name: str, tensor_method: Callable[..., Any]) -> Callable[..., Any]:
@@ -200,7 +214,7 @@ def eager_only() -> list[str]:
         (True, False)
     """
     ignored = torch.overrides.get_ignored_functions()
-    table = [*_pointwise.FUNCTIONS, *_batchdim._RULES]
+    table = [*_pointwise.FUNCTIONS, *_batchdim._RULES, *_ALIAS_RULES]
     return sorted({_public_name(f) for f in table if f in ignored})
 
 
@@ -212,6 +226,11 @@ def reference_markdown() -> str:
     """
     pw = _functions(_pointwise.FUNCTIONS)
     bd = _functions(_batchdim._RULES)
+    al = [
+        f"`{n}` ({_public_name(_aliases.target_of(f))})"
+        for n, f in sorted((_public_name(f), f) for f in _ALIAS_RULES)
+        if not n.startswith("Tensor.")
+    ]
     methods = sorted(METHODS)
     eager = eager_only()
     out = [
@@ -275,6 +294,13 @@ def reference_markdown() -> str:
         f"## Torch functions over batch dims ({len(bd)})",
         "",
         ", ".join(f"`{n}`" for n in bd),
+        "",
+        f"## Aliases ({len(al)})",
+        "",
+        "Functions torch documents as another name for one above (`Alias for ...` in their",
+        "docstrings) lift as that one does; their `Tensor` methods are container methods too:",
+        "",
+        ", ".join(al),
         "",
         "## Under torch.compile",
         "",
