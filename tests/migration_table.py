@@ -106,7 +106,7 @@ _T: dict[str, Row] = {
         ]
     },
     "neg": Row("-td", "or torch.neg(td)"),
-    "isreal": Row("td.apply(torch.isreal)", "not a pointwise-tagged ATen op, so it does not lift"),
+    "isreal": same(),
     "mod": Row("td % other", "or td.remainder(other)"),
     "rsub": Row("torch.rsub(td, other)", "or other - td"),
     "addcdiv": same("(t1, t2, value=v)"),
