@@ -297,6 +297,41 @@ def test_like_factories_make_one_leaf_per_leaf() -> None:
     tdfunc.testing.assert_close(td, before)
 
 
+def test_one_container_calls_align_masks_per_leaf_rank() -> None:
+    """One container among the arguments (the common case, one argument list per leaf rank):
+    every leaf gets the mask aligned to its own rank, wherever the container sits."""
+    g = torch.Generator().manual_seed(0)
+    td = tdfunc.TensorDict(
+        a=torch.randn(3, generator=g),
+        b=torch.randn(3, 2, generator=g),
+        c=torch.randn(3, 2, 4, generator=g),
+        n=tdfunc.TensorDict(d=torch.randn(3, 5, 2, generator=g), batch_size=[3, 5]),
+        batch_size=[3],
+    )
+    before = td.clone()
+    mask = torch.tensor([True, False, True])
+
+    def per_leaf(f):
+        return [f(x, mask.reshape(3, *(1,) * (x.ndim - 1))) for x in td.leaves()]
+
+    cases = [
+        (torch.where(mask, td, 0.0), per_leaf(lambda x, m: torch.where(m, x, 0.0))),
+        (torch.where(mask, 1.5, td), per_leaf(lambda x, m: torch.where(m, 1.5, x))),
+        (td.masked_fill(mask, 5.0), per_leaf(lambda x, m: x.masked_fill(m, 5.0))),
+        (torch.masked_fill(td, mask=mask, value=5.0), per_leaf(lambda x, m: x.masked_fill(m, 5.0))),
+    ]
+    for got, want in cases:
+        assert got.batch_size == (3,)
+        assert got["n"].batch_size == (3, 5)
+        for x, w in zip(got.leaves(), want, strict=True):
+            assert torch.equal(x, w)
+    mant, expo = torch.frexp(td)  # a tuple result: a container per field
+    for x, m, e in zip(td.leaves(), mant.leaves(), expo.leaves(), strict=True):
+        assert torch.equal(m, torch.frexp(x).mantissa)
+        assert torch.equal(e, torch.frexp(x).exponent)
+    tdfunc.testing.assert_close(td, before)
+
+
 #: the eager-only functions, called as a user would, and their compiled spelling
 EAGER_ONLY = {
     "torch.rand_like": (lambda td: torch.rand_like(td), lambda td: td.apply(torch.rand_like)),

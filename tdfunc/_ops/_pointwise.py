@@ -308,6 +308,39 @@ def _may_grow(
     return False
 
 
+def _one_container(
+    func: Any,
+    ls: list[Tensor],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    pos: int,
+    masks: list[int],
+    kmasks: list[str],
+) -> list[Any]:
+    """:func:`lift`'s common case: one container, given by position. The arguments of each
+    leaf's call are one list per leaf rank (the masks aligned to that rank once), with the
+    leaf put in place: no per-leaf list or dict is built."""
+    calls: dict[int, tuple[list[Any], dict[str, Any]]] = {}
+    out = []
+    for leaf in ls:
+        nd = leaf.ndim
+        call = calls.get(nd)
+        if call is None:
+            a = list(args)
+            for i in masks:
+                m = args[i]
+                a[i] = m.reshape(m.shape + (1,) * (nd - m.ndim))
+            kw = dict(kwargs)
+            for k in kmasks:
+                m = kwargs[k]
+                kw[k] = m.reshape(m.shape + (1,) * (nd - m.ndim))
+            call = calls[nd] = (a, kw)
+        a, kw = call
+        a[pos] = leaf
+        out.append(func(*a, **kw))
+    return out
+
+
 def lift(
     func: Any,
     name: str,
@@ -334,10 +367,22 @@ def lift(
     if len(args) == 1 and not kwargs and name in unary_foreach:
         return map_leaves(ref, _unary_leaves(name, ls))
     bd = len(ref._batch_size)
-    acols = [leaves(a) if is_node(a) else None for a in args]
-    kcols = {k: leaves(v) for k, v in kwargs.items() if is_node(v)}
     masks = [i for i in mask_pos if i < len(args) and _is_tensor(args[i]) and args[i].ndim <= bd]
     kmasks = [k for k in mask_names if _is_tensor(kwargs.get(k)) and kwargs[k].ndim <= bd]
+    pos = -1
+    if len(nodes) == 1:  # where is it? (by identity: == on a container compares leaves)
+        for i, a in enumerate(args):
+            if a is ref:
+                pos = i
+    if pos >= 0:
+        out = _one_container(func, ls, args, kwargs, pos, masks, kmasks)
+        if out and isinstance(out[0], tuple):
+            return _tuple_result(ref, out)
+        if _may_grow(args, kwargs, masks, kmasks, ref._batch_size):
+            check_batch_invariant(ref, out, ref._batch_size, name)
+        return map_leaves(ref, out)
+    acols = [ls if a is ref else leaves(a) if is_node(a) else None for a in args]
+    kcols = {k: ls if v is ref else leaves(v) for k, v in kwargs.items() if is_node(v)}
     if not masks and not kmasks and not kcols:
         out = [
             func(*[c[j] if c is not None else v for v, c in zip(args, acols)], **kwargs)
