@@ -79,6 +79,33 @@ class SpecFormatError(ValueError):
     holds a node kind tdfunc does not read back."""
 
 
+class TransferMetadataError(ValueError):
+    """What a peer of a transfer sent (a header, the JSON metadata of ``send`` / ``recv``, a
+    layout, answer or verdict of a planned transfer's handshake) does not follow the transfer
+    format; the message names the field at fault. Raised before anything is built from it."""
+
+
+#: ``field``: where in the message (``leaves[2].shape``); ``detail``: what is wrong with it
+TRANSFER_META = "{what} from rank {peer}: field {field}: {detail}"
+TRANSFER_SIZE = (
+    "{what} from rank {peer}: field {field}: {size} bytes announced, more than this "
+    "device can hold ({limit} bytes); refusing to allocate"
+)
+
+
+class PlacementFormatError(ValueError):
+    """An encoded placement (JSON from a file or a peer) is not one ``encode_placement``
+    writes: an unknown type, a missing or extra field, a dim that is not an int >= 0, a
+    ``reduce_op`` that is not one of torch's."""
+
+
+BAD_REDUCE_OP = (
+    "cannot decode placement {obj!r}: reduce_op {op!r} is not one of torch's reduce ops ({ops})"
+)
+BAD_PLACEMENTS_JSON = "cannot decode placements {obj!r}: expected a list of encoded placements"
+BAD_PLACEMENT_FIELD = "cannot decode placement {obj!r}: field {field!r} {detail}"
+
+
 SPEC_NODE_KIND = (
     "a container structure holds a node of kind {name!r}; only TensorDict and tensorclass "
     "nodes and tensor leaves are read back (nothing the data names is imported or looked up)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
+import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
@@ -62,23 +63,70 @@ def encode_placement(p: Placement, key: KeyPath = ()) -> dict[str, Any]:
     )
 
 
+def _reduce_ops() -> frozenset[str]:
+    """The reduce ops torch's collectives take by name (``torch.distributed.ReduceOp``'s,
+    lower case), the names ``Partial(reduce_op)`` documents; ``premul_sum`` needs a factor a
+    name cannot carry."""
+    names = {n.lower() for n in dist.ReduceOp.RedOpType.__members__}
+    return frozenset(names - {"premul_sum"})
+
+
+#: every ``reduce_op`` :func:`decode_placement` accepts for ``Partial``
+REDUCE_OPS = _reduce_ops()
+#: the fields of each encoded placement type (:func:`encode_placement` writes exactly these)
+_FIELDS = {
+    "shard": ("type", "dim"),
+    "replicate": ("type",),
+    "partial": ("type", "reduce_op"),
+    "strided_shard": ("type", "dim", "split_factor"),
+}
+
+
+def _field(obj: dict[str, Any], name: str, detail: str) -> E.PlacementFormatError:
+    return E.PlacementFormatError(E.BAD_PLACEMENT_FIELD.format(obj=obj, field=name, detail=detail))
+
+
+def _int_field(obj: dict[str, Any], name: str, low: int) -> int:
+    v = obj[name]
+    if type(v) is not int:  # a bool is not a dim
+        raise _field(obj, name, f"must be an int, got {type(v).__name__}")
+    if v < low:
+        raise _field(obj, name, f"must be >= {low}, got {v}")
+    return v
+
+
 def decode_placement(obj: Any) -> Placement:
-    """Inverse of :func:`encode_placement`.
+    """Inverse of :func:`encode_placement`: accepts exactly what it writes (dims ints >= 0,
+    a ``reduce_op`` among :data:`REDUCE_OPS`, no other field); :class:`PlacementFormatError`
+    (a ``ValueError``) naming the field otherwise.
 
     Example:
         >>> decode_placement({"type": "shard", "dim": 0})
         Shard(dim=0)
     """
     kind = obj.get("type") if isinstance(obj, dict) else None
-    if kind == "shard" and isinstance(obj.get("dim"), int):
-        return Shard(obj["dim"])
+    fields = _FIELDS.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        raise E.PlacementFormatError(E.BAD_PLACEMENT_JSON.format(obj=obj))
+    for name in fields:
+        if name not in obj:
+            raise _field(obj, name, "is missing")
+    for name in obj:
+        if name not in fields:
+            raise _field(obj, name, f"is not a field of a {kind} placement")
+    if kind == "shard":
+        return Shard(_int_field(obj, "dim", 0))
     if kind == "replicate":
         return Replicate()
-    if kind == "partial" and isinstance(obj.get("reduce_op"), str):
-        return Partial(obj["reduce_op"])
-    if kind == "strided_shard" and isinstance(obj.get("dim"), int):
-        return StridedShard(obj["dim"], split_factor=int(obj["split_factor"]))
-    raise ValueError(E.BAD_PLACEMENT_JSON.format(obj=obj))
+    if kind == "partial":
+        op = obj["reduce_op"]
+        if not isinstance(op, str) or op not in REDUCE_OPS:
+            raise E.PlacementFormatError(
+                E.BAD_REDUCE_OP.format(obj=obj, op=op, ops=", ".join(sorted(REDUCE_OPS)))
+            )
+        return Partial(op)
+    dim = _int_field(obj, "dim", 0)
+    return StridedShard(dim, split_factor=_int_field(obj, "split_factor", 1))
 
 
 def encode_placements(ps: Sequence[Placement], key: KeyPath = ()) -> list[dict[str, Any]]:
@@ -99,6 +147,8 @@ def decode_placements(objs: Sequence[Any]) -> Placements:
         >>> decode_placements([{"type": "replicate"}, {"type": "partial", "reduce_op": "sum"}])
         (Replicate(), Partial(sum))
     """
+    if not isinstance(objs, (list, tuple)):
+        raise E.PlacementFormatError(E.BAD_PLACEMENTS_JSON.format(obj=objs))
     return tuple(decode_placement(o) for o in objs)
 
 

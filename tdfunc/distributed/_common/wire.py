@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -170,8 +171,14 @@ class Peer:
         self.finish(self.irecv(t, tag), step)
 
 
-def _bytes_tensor(text: str, device: torch.device) -> Tensor:
+#: the longest failure reason (UTF-8 bytes) a peer sends or reads; longer ones are cut
+MAX_REASON = 1 << 16
+
+
+def _bytes_tensor(text: str, device: torch.device, limit: int | None = None) -> Tensor:
     raw = bytearray(text.encode("utf-8"))
+    if limit is not None and len(raw) > limit:
+        raw = bytearray(bytes(raw[:limit]).decode("utf-8", "ignore").encode("utf-8"))
     return (
         torch.frombuffer(raw, dtype=torch.uint8).to(device)
         if raw
@@ -179,16 +186,52 @@ def _bytes_tensor(text: str, device: torch.device) -> Tensor:
     )
 
 
+def reason_tensor(text: str, device: torch.device) -> Tensor:
+    """A failure reason as UTF-8 bytes, cut to :data:`MAX_REASON` (what a peer reads)."""
+    return _bytes_tensor(text, device, MAX_REASON)
+
+
 def _text(t: Tensor) -> str:
     return t.cpu().numpy().tobytes().decode("utf-8")
 
 
+def meta_error(what: str, peer: int, field: str, detail: str) -> E.TransferMetadataError:
+    """The :class:`~.errors.TransferMetadataError` for ``field`` of a message (``what``)
+    from rank ``peer``."""
+    return E.TransferMetadataError(
+        E.TRANSFER_META.format(what=what, peer=peer, field=field, detail=detail)
+    )
+
+
+def device_limit(device: torch.device) -> int:
+    """The most bytes one received message may announce on ``device``: its total memory
+    (a larger size is refused before anything is allocated)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[1])
+    return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+
+
+def check_size(n: Any, limit: int, what: str, peer: int, field: str) -> int:
+    """``n`` (a byte count a peer announced) as an int in ``[0, limit]``."""
+    if type(n) is not int:
+        raise meta_error(what, peer, field, f"expected an int, got {type(n).__name__}")
+    if n < 0:
+        raise meta_error(what, peer, field, f"a negative size ({n})")
+    if n > limit:
+        raise E.TransferMetadataError(
+            E.TRANSFER_SIZE.format(what=what, peer=peer, field=field, size=n, limit=limit)
+        )
+    return n
+
+
 def _recv_text(n: int, link: Peer, step: str, tag: int = TEXT_TAG) -> str:
-    if n <= 0:
+    """A failure reason of ``n`` bytes (at most :data:`MAX_REASON`) from the peer."""
+    check_size(n, MAX_REASON, "a failure reason", link.peer, "message bytes")
+    if n == 0:
         return ""
     t = torch.empty(n, dtype=torch.uint8, device=link.device)
     link.recv(t, tag, step)
-    return _text(t)
+    return t.cpu().numpy().tobytes().decode("utf-8", "replace")  # a reason is only shown
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -307,7 +350,7 @@ def _header(
 def send_error(reason: str, link: Peer) -> None:
     """Tell the receiver this send failed (it raises too instead of waiting)."""
     device = link.device
-    msg = _bytes_tensor(reason, device)
+    msg = reason_tensor(reason, device)
     header = _header(FAILED, 0, msg.numel(), 0, False, None, None, device)
     link.send(header, HEADER_TAG, "accept the transfer (call recv)")
     if msg.numel():
@@ -329,6 +372,8 @@ def send_outgoing(out: Outgoing, link: Peer) -> int:
     reply = torch.empty(REPLY_LEN, dtype=torch.int64, device=device)
     link.recv(reply, REPLY_TAG, "reply to the transfer header")
     r = reply.tolist()
+    if r[0] not in (OK, FAILED):
+        raise meta_error("the reply to a transfer header", dst, "status", f"{r[0]} is not 0 or 1")
     if r[0] != OK:
         reason = _recv_text(r[1], link, "say why it rejected the transfer")
         raise ValueError(E.RECEIVER_FAILED.format(dst=dst, reason=reason))
@@ -392,22 +437,81 @@ def _validate(
     return None
 
 
-def receive(link: Peer, mesh: DeviceMesh | None, placements: Any) -> Incoming:
+HEADER_WHAT = "the transfer header"
+META_WHAT = "the transfer metadata"
+
+
+def header_problem(h: Sequence[int], peer: int, limit: int) -> E.TransferMetadataError | None:
+    """What is wrong with a transfer header from rank ``peer`` whose magic and version
+    fit (None: nothing): every field is checked before a byte is allocated for it, sizes
+    against ``limit`` (:func:`device_limit`)."""
+    try:
+        if h[2] not in (OK, FAILED):
+            raise meta_error(HEADER_WHAT, peer, "status", f"{h[2]} is not 0 or 1")
+        if h[2] == FAILED:
+            check_size(h[4], MAX_REASON, HEADER_WHAT, peer, "message bytes")
+            return None
+        if not 0 <= h[3] < len(STRATEGIES):
+            raise meta_error(
+                HEADER_WHAT, peer, "strategy", f"{h[3]} is not an index of {STRATEGIES}"
+            )
+        meta_n = check_size(h[4], limit, HEADER_WHAT, peer, "metadata bytes")
+        total = check_size(h[5], limit, HEADER_WHAT, peer, "total bytes")
+        if meta_n == 0 or total < _align(meta_n):
+            raise meta_error(
+                HEADER_WHAT, peer, "total bytes", f"{total} cannot hold {meta_n} metadata bytes"
+            )
+        if h[6] not in (0, 1):
+            raise meta_error(HEADER_WHAT, peer, "has_dtensor", f"{h[6]} is not 0 or 1")
+        n, m = h[7], MAX_MESH_DIMS
+        if n == -1:
+            rest = [i for i, v in enumerate(h[8:]) if v != -1]
+            if rest:
+                raise meta_error(HEADER_WHAT, peer, f"mesh field {rest[0]}", "set without a mesh")
+            return None
+        if not 1 <= n <= m:
+            raise meta_error(HEADER_WHAT, peer, "mesh ndim", f"{n} is not in [1, {m}] or -1")
+        shape, coord = h[8 : 8 + m], h[8 + m : 8 + 2 * m]
+        for i in range(m):
+            if i >= n and (shape[i] != -1 or coord[i] != -1):
+                raise meta_error(HEADER_WHAT, peer, f"mesh dim {i}", f"set past ndim {n}")
+            if i < n and shape[i] < 1:
+                raise meta_error(HEADER_WHAT, peer, f"mesh shape[{i}]", f"{shape[i]} is not >= 1")
+            if i < n and not -1 <= coord[i] < shape[i]:
+                raise meta_error(
+                    HEADER_WHAT, peer, f"mesh coordinate[{i}]", f"{coord[i]} is out of range"
+                )
+    except E.TransferMetadataError as e:
+        return e
+    return None
+
+
+def receive(
+    link: Peer,
+    mesh: DeviceMesh | None,
+    placements: Any,
+    check: Callable[[bytes, Sequence[int]], dict[str, Any]],
+) -> Incoming:
     """Run the receiver side of the protocol; ``ValueError`` (after telling the sender) on a
-    pairing that does not fit."""
+    pairing that does not fit, :class:`~.errors.TransferMetadataError` on a header or
+    metadata that does not follow the format (``check(raw, header)`` parses and checks the
+    metadata's UTF-8 JSON bytes before any tensor is built from them)."""
     device, src, dst = link.device, link.peer, link.rank
     header = torch.empty(HEADER_LEN, dtype=torch.int64, device=device)
     link.recv(header, HEADER_TAG, "send a transfer header")
     h = header.tolist()
     if h[0] != MAGIC or h[1] != VERSION:
         raise ValueError(E.BAD_HEADER.format(dst=dst, src=src, magic=h[0], version=h[1]))
-    if h[2] != OK:
+    bad = header_problem(h, src, device_limit(device))
+    if h[2] == FAILED:
+        if bad is not None:
+            raise bad
         reason = _recv_text(h[4], link, "say why it failed")
         raise ValueError(E.SENDER_FAILED.format(src=src, reason=reason))
-    problem = _validate(src, dst, h, mesh, placements)
+    problem = str(bad) if bad is not None else _validate(src, dst, h, mesh, placements)
     shape = None if mesh is None else tuple(mesh.shape)
     coord = None if mesh is None else mesh.get_coordinate()
-    msg = _bytes_tensor(problem or "", device)
+    msg = reason_tensor(problem or "", device)
     reply = torch.tensor(
         [OK if problem is None else FAILED, msg.numel(), *_mesh_fields(shape, coord)],
         dtype=torch.int64,
@@ -417,11 +521,11 @@ def receive(link: Peer, mesh: DeviceMesh | None, placements: Any) -> Incoming:
     if problem is not None:
         if msg.numel():
             link.send(msg, TEXT_TAG, "read why the transfer was rejected")
-        raise ValueError(problem)
+        raise bad if bad is not None else ValueError(problem)
     meta_n, total = h[4], h[5]
     buf = torch.empty(total, dtype=torch.uint8, device=device)
     link.recv(buf, DATA_TAG, "send the data")
-    meta = loads(_text(buf[:meta_n]))
+    meta = check(buf[:meta_n].cpu().numpy().tobytes(), h)
     start = _align(meta_n)
     tensors = []
     for entry in meta["leaves"]:

@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
@@ -56,6 +57,7 @@ from .._common.agree import _hash
 from .._common.caches import register
 from .._common.mesh import check_node, common_mesh
 from .._redistribute import plan as plan_mod
+from . import trust
 from .plan import (
     Grid,
     LayoutKey,
@@ -253,7 +255,9 @@ def _head(status: int, n: int, device: torch.device) -> Tensor:
 
 
 def _post_text(link: wire.Peer, head_tag: int, text_tag: int, status: int, text: str) -> list[Any]:
-    body = _text_tensor(text, link.device)
+    body = (
+        wire.reason_tensor(text, link.device) if status != OK else _text_tensor(text, link.device)
+    )
     works = [link.isend(_head(status, body.numel(), link.device), head_tag)]
     if body.numel():
         works.append(link.isend(body, text_tag))
@@ -270,7 +274,12 @@ def _post_text_all(
         lk.finish(w, step)
 
 
-def _read_text(link: wire.Peer, head_tag: int, text_tag: int, step: str) -> tuple[int, str]:
+def _read_text(
+    link: wire.Peer, head_tag: int, text_tag: int, step: str, what: str
+) -> tuple[int, str]:
+    """A head and its text (``what``, for errors): ``TransferMetadataError`` for a status
+    other than OK / FAILED or a size that cannot be right (negative, a failure reason over
+    :data:`~.._common.wire.MAX_REASON`, more than the device holds), before allocating."""
     head = torch.empty(HEAD_LEN, dtype=torch.int64, device=link.device)
     link.recv(head, head_tag, step)
     h = head.tolist()
@@ -278,11 +287,18 @@ def _read_text(link: wire.Peer, head_tag: int, text_tag: int, step: str) -> tupl
         raise ValueError(
             E.BAD_HEADER.format(dst=link.rank, src=link.peer, magic=h[0], version=h[1])
         )
+    if h[2] not in (OK, FAILED):
+        raise wire.meta_error(what, link.peer, "status", f"{h[2]} is not 0 or 1")
+    limit = wire.MAX_REASON if h[2] == FAILED else wire.device_limit(link.device)
+    n = wire.check_size(h[3], limit, what, link.peer, "text bytes")
     text = ""
-    if h[3] > 0:
-        body = torch.empty(h[3], dtype=torch.uint8, device=link.device)
+    if n > 0:
+        body = torch.empty(n, dtype=torch.uint8, device=link.device)
         link.recv(body, text_tag, step)
-        text = wire._text(body)
+        try:
+            text = wire._text(body)
+        except UnicodeDecodeError as e:
+            raise wire.meta_error(what, link.peer, "(the text)", str(e)) from None
     return h[2], text
 
 
@@ -362,21 +378,46 @@ def handshake(
     if me == leader:
         return _lead(side, [link(p) for p in others])
     peer = link(leader)
-    status, text = _read_text(peer, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, "send the layout")
+    try:
+        status, text = _read_text(
+            peer, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, "send the layout", trust.LAYOUT_WHAT
+        )
+        if status == OK:
+            layout = trust.read_layout(text, leader, dist.get_world_size())
+    except E.TransferMetadataError as e:
+        # answer FAILED (the leader's verdict then rejects the transfer on every rank), then
+        # stop: no verdict on a layout this rank could not read is awaited
+        for w in _post_text(peer, ANSWER_HEAD_TAG, ANSWER_TEXT_TAG, FAILED, reason(e)):
+            peer.finish(w, "read this rank's answer")
+        raise
     if status != OK:
         if side.error is not None:
             raise side.error
         raise ValueError(E.PLAN_LEADER_FAILED.format(op=side.op, leader=leader, reason=text))
-    layout = wire.loads(text)
     status, answer, own = _answer(side, layout)
     for w in _post_text(peer, ANSWER_HEAD_TAG, ANSWER_TEXT_TAG, status, answer):
         peer.finish(w, "read this rank's answer")
-    verdict, text = _read_text(peer, VERDICT_HEAD_TAG, VERDICT_TEXT_TAG, "send its verdict")
+    verdict, text = _read_text(
+        peer, VERDICT_HEAD_TAG, VERDICT_TEXT_TAG, "send its verdict", trust.VERDICT_WHAT
+    )
     if own is not None:
         raise own
     if verdict != OK:
         raise ValueError(text)
-    return layout, wire.loads(text)["placements"]
+    targets = read_targets(text, layout, side.dst, trust.VERDICT_WHAT, leader)
+    assert targets is not None  # a verdict always names them
+    return layout, targets
+
+
+def read_targets(
+    text: str, layout: dict[str, Any], dst: Grid, what: str, peer: int
+) -> list[Any] | None:
+    """The target placements of an answer or the verdict (``what``) from rank ``peer``:
+    None (an answer that asks for nothing) or one entry per leaf of ``layout``, checked."""
+    targets = trust.read_message(text, what, peer)["placements"]
+    if targets is None and what == trust.ANSWER_WHAT:
+        return targets
+    return trust.check_targets(targets, layout, dst.ndim, what, peer)
 
 
 def _lead(side: Side, links: list[wire.Peer]) -> tuple[dict[str, Any], list[Any]]:
@@ -394,8 +435,17 @@ def _lead(side: Side, links: list[wire.Peer]) -> tuple[dict[str, Any], list[Any]
     text = json.dumps(layout, separators=(",", ":"))
     _post_text_all(links, LAYOUT_HEAD_TAG, LAYOUT_TEXT_TAG, OK, text, "read the layout")
     answers: dict[int, tuple[int, str]] = {}
+    bad: E.TransferMetadataError | None = None
     for lk in links:
-        answers[lk.peer] = _read_text(lk, ANSWER_HEAD_TAG, ANSWER_TEXT_TAG, "answer the layout")
+        try:
+            answers[lk.peer] = _read_text(
+                lk, ANSWER_HEAD_TAG, ANSWER_TEXT_TAG, "answer the layout", trust.ANSWER_WHAT
+            )
+            if answers[lk.peer][0] == OK:
+                read_targets(answers[lk.peer][1], layout, side.dst, trust.ANSWER_WHAT, lk.peer)
+        except E.TransferMetadataError as e:  # an answer not in the format rejects the transfer
+            answers[lk.peer] = (FAILED, reason(e))
+            bad = bad or e
     status, answer, own = _answer(side, layout)
     answers[side.rank] = (status, answer)
     verdict, vtext = _verdict(side, answers)
@@ -403,6 +453,8 @@ def _lead(side: Side, links: list[wire.Peer]) -> tuple[dict[str, Any], list[Any]
     if own is not None:
         raise own
     if verdict != OK:
+        if bad is not None:
+            raise E.TransferMetadataError(vtext) from bad
         raise ValueError(vtext)
     return layout, wire.loads(vtext)["placements"]
 

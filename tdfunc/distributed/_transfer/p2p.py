@@ -19,6 +19,7 @@ from .._common.placements import PlacementSpec
 from .._redistribute import plan as plan_mod
 from .._redistribute.redistribute import DEFAULT_BACKEND, dtensor_pairs, full_tensor, redistribute
 from . import handshake as cross
+from . import trust
 from .session import Transfer, check_timeout
 
 #: seconds each step of :func:`send` / :func:`recv` waits for the peer unless ``timeout=``
@@ -225,7 +226,7 @@ def recv(
         )
         return planned(source)
     link = wire.Peer("recv", dist.get_rank(), src, group, wire.comm_device(group), timeout)
-    inc = wire.receive(link, mesh, placements)
+    inc = wire.receive(link, mesh, placements, lambda raw, h: trust.read_meta(raw, h, src))
     leaves: list[Tensor] = []
     for entry, t in zip(inc.meta["leaves"], inc.tensors):
         x: Tensor = t

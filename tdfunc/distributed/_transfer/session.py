@@ -20,6 +20,7 @@ from .._common import wire
 from .._common.mesh import describe_mesh
 from .._redistribute.redistribute import DEFAULT_BACKEND, redistribute
 from . import handshake as X
+from . import trust
 from .plan import Grid, Traffic, TransferPlan, as_grid, plan_for
 
 
@@ -296,7 +297,11 @@ class Transfer:
                 )
             if placements is None:
                 return None
-            return X.resolve_targets(layout, placements, self._dst_grid)
+            targets = X.resolve_targets(layout, placements, self._dst_grid)
+            limit = wire.device_limit(self.device)
+            leader = self._src_grid.ranks[0]
+            trust.check_fits(layout, targets, self._dst_grid, self.rank, leader, limit)
+            return targets
 
         return answer
 
@@ -378,7 +383,7 @@ class Transfer:
         if self.sends:
             ss = X.send_side(self._key, self.rank)
             if failure is not None:
-                text = wire._bytes_tensor(X.reason(failure), device)
+                text = wire.reason_tensor(X.reason(failure), device)
                 outs = [X.failed_buffer(n, digest, step, text) for n in ss.nbytes]
                 for peer in ss.peers:
                     lk = self._link(peer)
