@@ -22,6 +22,7 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | check                          | torch._check                                           | ok   | ok   | ok   | none yet           |
 | assert_async                   | torch._assert_async                                    | ok   | ok   | ok   | none yet           |
 | is_batchedtensor               | torch._C._functorch.is_batchedtensor                   | ok   | ok   | ok   | none yet           |
+| functorch_transforms_active    | torch._C._are_functorch_transforms_active              | ok   | -    | ok   | none yet           |
 | is_functorch_wrapped_tensor    | torch._C._functorch.is_functorch_wrapped_tensor        | ok   | ok   | ok   | none yet           |
 | get_unwrapped                  | torch._C._functorch.get_unwrapped                      | ok   | ok   | ok   | none yet           |
 | maybe_get_bdim                 | torch._C._functorch.maybe_get_bdim                     | ok   | ok   | ok   | none yet           |
@@ -235,6 +236,11 @@ assert_async = _function(lambda: torch._assert_async, "run-time assertions (torc
 _FUNCTORCH = "functorch introspection (torch._C._functorch)"
 #: whether a tensor is a ``torch.vmap`` batched tensor
 is_batchedtensor = _function(lambda: torch._C._functorch.is_batchedtensor, _FUNCTORCH)
+#: whether any functorch transform (vmap, grad, jvp...) is active: when none is, no tensor
+#: is a batched tensor (one call instead of a check per tensor)
+functorch_transforms_active = _function(
+    lambda: torch._C._are_functorch_transforms_active, _FUNCTORCH
+)
 #: whether a tensor is wrapped by a functorch transform (vmap or grad level)
 is_functorch_wrapped_tensor = _function(
     lambda: torch._C._functorch.is_functorch_wrapped_tensor, _FUNCTORCH

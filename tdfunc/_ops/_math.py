@@ -12,8 +12,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._compat import foreach_add, foreach_div, foreach_mul, foreach_sub, is_batchedtensor
+from .._compat import (
+    foreach_add,
+    foreach_div,
+    foreach_mul,
+    foreach_sub,
+    functorch_transforms_active,
+    is_batchedtensor,
+)
 from .._tree import is_node, leaves, map_leaves
+from .._twins import traced_as
 from ._structure import check_batch_invariant, check_same_structure
 
 _is_batched = is_batchedtensor
@@ -21,6 +29,7 @@ _is_batched = is_batchedtensor
 #: through its own globals would make Dynamo check that both are one module with a Python
 #: guard on every compiled call (a function reached two ways costs no such guard)
 _is_grad_enabled = torch.is_grad_enabled
+_requires_grad = operator.attrgetter("requires_grad")
 
 
 # --------------------------------------------------------------------------------------
@@ -48,7 +57,21 @@ def as_operand(x: Any) -> Any:
 def _can_foreach(ls: list[Tensor]) -> bool:
     """One ``torch._foreach_*`` call is valid: leaves are not vmapped (foreach has no batching
     rule) and, when autograd records, share one dtype (foreach autograd rejects mixed lists
-    such as a float leaf that requires grad next to an integer leaf)."""
+    such as a float leaf that requires grad next to an integer leaf).
+
+    Eagerly no leaf is checked for vmap while no functorch transform is active, and the
+    attributes are read through C getters (20 leaves: 2.4 -> 0.9 us); Dynamo traces the twin
+    below, which reads the same facts leaf by leaf."""
+    if not ls or (functorch_transforms_active() and any(map(_is_batched, ls))):
+        return False
+    if _is_grad_enabled() and any(map(_requires_grad, ls)):
+        d = ls[0].dtype
+        return all(x.dtype == d for x in ls)
+    return True
+
+
+@traced_as(_can_foreach)
+def _can_foreach_traced(ls: list[Tensor]) -> bool:
     if not ls or any(map(_is_batched, ls)):
         return False
     if _is_grad_enabled() and any(x.requires_grad for x in ls):
