@@ -1,6 +1,8 @@
 """Lifted torch functions on containers, side by side: tdfunc, tensordict and a per-leaf loop
 over a dict of the same leaves (``dict_loop``: ``{k: f(v) for k, v in d.items()}``, the code a
-user writes by hand; nested data is the flat dict of its leaves by path).
+user writes by hand; nested data is the flat dict of its leaves by path). The compiled paired
+rows of nested data also run against ``dict_tree``: the same loop over the nested dicts as
+they are (a recursive comprehension, 11 dicts rebuilt, as tdfunc rebuilds 11 containers).
 
 Four operations, flat (20 leaves ``[n, 8]``) and nested (a 10-deep chain of 11 leaves
 ``[n, 8]``), eager and compiled:
@@ -91,6 +93,20 @@ OPS: dict[str, dict[str, Callable[..., Any]]] = {
 SHAPES = {"flat": _flat, "nested": _nested}
 
 
+def _tree(f: Callable[..., Any], d: dict[str, Any], *rest: Any) -> dict[str, Any]:
+    """``f`` on every leaf of nested dicts, the nesting kept (the hand-written tree loop)."""
+    return {k: _tree(f, v, *rest) if isinstance(v, dict) else f(v, *rest) for k, v in d.items()}
+
+
+#: the nested-dict loop of each op (paired compiled rows of nested data)
+TREE_OPS: dict[str, Callable[..., Any]] = {
+    "exp": lambda d: _tree(torch.exp, d),
+    "where": lambda d, m: _tree(lambda v, m: torch.where(m[:, None], v, 0.0), d, m),
+    "sum0": lambda d: _tree(lambda v: v.sum(0), d),
+    "cumsum0": lambda d: _tree(lambda v: v.cumsum(0), d),
+}
+
+
 def _args(op: str, shape: str, contender: str, n: int) -> tuple[Any, ...]:
     c = _container(contender, SHAPES[shape](n), n)
     return (c, _mask(n)) if op == "where" else (c,)
@@ -128,19 +144,41 @@ def test_lifted_op(
 PAIRED_TARGET = {"eager": ("tensordict", 0.8), "compiled": ("dict_loop", 1.05)}
 
 
-@pytest.mark.parametrize(("op", "shape"), [(op, shape) for op in OPS for shape in SHAPES])
-def test_lifted_paired(benchmark: Any, bench_quick: bool, mode: str, op: str, shape: str) -> None:
+@pytest.mark.parametrize(
+    ("op", "shape", "tree"),
+    [
+        (op, shape, tree)
+        for op in OPS
+        for shape in SHAPES
+        for tree in (False, True)
+        if not (tree and shape == "flat")
+    ],
+    ids=lambda v: {True: "dict_tree", False: ""}.get(v, v) if isinstance(v, bool) else v,
+)
+def test_lifted_paired(
+    benchmark: Any, bench_quick: bool, mode: str, op: str, shape: str, tree: bool
+) -> None:
     """tdfunc against the target's contender in paired rounds, with the A/A control (see
-    ``compile_benchmarks/paired.py``); the same values from both sides first."""
+    ``compile_benchmarks/paired.py``); the same values from both sides first. ``tree``: the
+    compiled nested rows against the loop over the nested dicts (compiled only)."""
     from compile_benchmarks.paired import report
 
     torch.set_num_threads(1)
+    if tree and mode == "eager":
+        pytest.skip("the nested-dict loop is a compiled contender")
     against, target = PAIRED_TARGET["eager" if mode == "eager" else "compiled"]
     if op == "cumsum0" and against == "tensordict":
         against, target = "dict_loop", None
     a_args = _args(op, shape, "tdfunc", N)
-    b_args = _args(op, shape, against, N)
-    fa, fb = OPS[op]["tdfunc"], OPS[op][against]
+    if tree:
+        against = "dict_tree"
+        src = SHAPES[shape](N)
+        b_args = (src, _mask(N)) if op == "where" else (src,)
+        fb = TREE_OPS[op]
+    else:
+        b_args = _args(op, shape, against, N)
+        fb = OPS[op][against]
+    fa = OPS[op]["tdfunc"]
 
     def fa2(*x: Any) -> Any:  # the A/A copy: the same call through its own code object
         return OPS[op]["tdfunc"](*x)
@@ -150,7 +188,9 @@ def test_lifted_paired(benchmark: Any, bench_quick: bool, mode: str, op: str, sh
         fa, fa2, fb = (torch.compile(f, backend=backend, fullgraph=True) for f in (fa, fa2, fb))
     got, want = fa(*a_args), fb(*b_args)
     flat = dict(got.flatten_keys(".").items())
-    want = dict(_paths(want) if against == "dict_loop" else want.flatten_keys(".").items())
+    want = dict(
+        _paths(want) if against in ("dict_loop", "dict_tree") else want.flatten_keys(".").items()
+    )
     assert flat.keys() == want.keys()
     for k, v in flat.items():
         torch.testing.assert_close(v, want[k])
