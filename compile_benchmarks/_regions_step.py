@@ -9,7 +9,9 @@ step of compiled blocks checks the block frame's once per block) as one JSON lin
 Kinds: ``joint`` (today's tdfunc step: functional_call + torch.func.grad_and_value +
 optim.step, one graph, donated), ``compiled_model`` (``torch.compile(model)`` +
 ``loss.backward()`` + fused AdamW), ``regional`` (torch's recipe: each block
-``.compile()``), ``vg_blockc`` (tdfunc: :func:`tdfunc.value_and_grad` over functional_call
+``.compile()``), ``scan_joint`` (tdfunc: one compiled, donated graph: ``stack_modules`` +
+``tdfunc.scan`` over the blocks, gradients by ``tdfunc.value_and_grad`` inside
+``tdfunc.compile``, the optimizer in the graph; blocks only), ``vg_blockc`` (tdfunc: :func:`tdfunc.value_and_grad` over functional_call
 with the block class's forward compiled, donated ``optim.step``), ``vg_scan`` (tdfunc:
 ``stack_modules`` + ``tdfunc.scan`` in a compiled loss; blocks only), ``vg`` (tdfunc: the
 whole loss compiled).
@@ -127,6 +129,28 @@ def main(kind: str, which: str) -> dict[str, Any]:
             loss.backward()
             topt.step()
             topt.zero_grad()
+            return loss
+    elif kind == "scan_joint":
+        b0 = blocks[0]
+
+        def stacked_loss(p: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            def body(h: torch.Tensor, pi: Any) -> Any:
+                return tdfunc.functional_call(b0, pi, (h,)), ()
+
+            h, _ = tdfunc.scan(body, x, p)
+            return loss_of(h, y)
+
+        def sstep(p: Any, s: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
+            loss, g = tdfunc.value_and_grad(stacked_loss)(p, x, y)
+            p, s = optim.step(opt, g, s, p)
+            return p, s, loss
+
+        fn = tdfunc.compile(sstep, donate=(0, 1), fullgraph=True)
+        p = tdfunc.stack_modules(blocks, buffers=False).detach().clone()
+        st = [p, opt.init(p)]
+
+        def call() -> torch.Tensor:
+            st[0], st[1], loss = fn(st[0], st[1], x, y)
             return loss
     else:
         if kind == "vg_scan":

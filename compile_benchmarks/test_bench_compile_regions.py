@@ -1,7 +1,7 @@
 """Cold first call of a training step of N identical blocks (LayerNorm -> Linear 64->256 ->
 GELU -> Linear 256->64, batch 32, AdamW): tdfunc's ``value_and_grad`` routes (compiled
-blocks; scan over stacked blocks) against today's joint-graph step, ``torch.compile(model)``
-+ ``loss.backward()`` and torch's regional recipe. Each contender in a fresh process with
+blocks; scan over stacked blocks, in a compiled loss or as one compiled step) against the
+joint-graph step, ``torch.compile(model)`` + ``loss.backward()`` and torch's regional recipe. Each contender in a fresh process with
 torch's caches disabled (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``) and inductor compiling in
 process (``TORCHINDUCTOR_COMPILE_THREADS=1``). Ratios use the wall time of the first call
 (the process's CPU time, also recorded, misses what inductor runs in other processes; on a
@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 
 CATEGORY = "compile_regions"
-KINDS = ("vg_blockc", "vg_scan", "regional", "compiled_model", "joint")
+KINDS = ("vg_blockc", "vg_scan", "scan_joint", "regional", "compiled_model", "joint")
 
 
 @pytest.mark.bench_full_only
 @pytest.mark.parametrize("blocks", ["2", "8", "24", "gpt2"])
 def test_cold_first_call_by_depth(benchmark: Any, blocks: str) -> None:
-    kinds = KINDS if blocks != "gpt2" else tuple(k for k in KINDS if k != "vg_scan")
+    stacked_only = ("vg_scan", "scan_joint")
+    kinds = KINDS if blocks != "gpt2" else tuple(k for k in KINDS if k not in stacked_only)
     if blocks == "gpt2":
         pytest.importorskip("transformers")
     import json
@@ -69,10 +70,21 @@ def test_cold_first_call_by_depth(benchmark: Any, blocks: str) -> None:
         "blockc_over_compiled_model": cpu["vg_blockc"] / cpu["compiled_model"],
         "joint_over_blockc": cpu["joint"] / cpu["vg_blockc"],
         "step_blockc_over_joint": got["vg_blockc"]["step_ms"] / got["joint"]["step_ms"],
+        **(
+            {
+                "scan_joint_over_regional": cpu["scan_joint"] / cpu["regional"],
+                "step_scan_joint_over_joint": got["scan_joint"]["step_ms"]
+                / got["joint"]["step_ms"],
+            }
+            if "scan_joint" in got
+            else {}
+        ),
     }
     benchmark.extra_info.update(info)
     print(
         f"\ncold first call, model {blocks} (wall s): "
         + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+        + "; steady step (ms): "
+        + ", ".join(f"{k} {v['step_ms']:.2f}" for k, v in got.items())
     )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
