@@ -101,15 +101,33 @@ def main(kind: str, which: str) -> dict[str, Any]:
     def loss_fn(p: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return loss_of(run(tdfunc.functional_call, model, p, x), y)
 
-    if kind == "joint":
+    def stacked_loss(p: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss over stacked blocks: ``tdfunc.scan`` runs the first block's code with each
+        block's parameters."""
+
+        def body(h: torch.Tensor, pi: Any) -> Any:
+            return tdfunc.functional_call(blocks[0], pi, (h,)), ()
+
+        h, _ = tdfunc.scan(body, x, p)
+        return loss_of(h, y)
+
+    if kind in ("joint", "scan_joint"):  # one compiled, donated graph: gradients and update
+        if kind == "joint":
+            p = tdfunc.from_module(model, buffers=False).detach().clone()
+
+            def grads(p: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
+                g, loss = torch.func.grad_and_value(loss_fn)(p, x, y)
+                return loss, g
+        else:
+            p = tdfunc.stack_modules(blocks, buffers=False).detach().clone()
+            grads = tdfunc.value_and_grad(stacked_loss)
 
         def step(p: Any, s: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
-            g, loss = torch.func.grad_and_value(loss_fn)(p, x, y)
+            loss, g = grads(p, x, y)
             p, s = optim.step(opt, g, s, p)
             return p, s, loss
 
         fn = tdfunc.compile(step, donate=(0, 1), fullgraph=True)
-        p = tdfunc.from_module(model, buffers=False).detach().clone()
         st = [p, opt.init(p)]
 
         def call() -> torch.Tensor:
@@ -130,47 +148,17 @@ def main(kind: str, which: str) -> dict[str, Any]:
             topt.step()
             topt.zero_grad()
             return loss
-    elif kind == "scan_joint":
-        b0 = blocks[0]
-
-        def stacked_loss(p: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            def body(h: torch.Tensor, pi: Any) -> Any:
-                return tdfunc.functional_call(b0, pi, (h,)), ()
-
-            h, _ = tdfunc.scan(body, x, p)
-            return loss_of(h, y)
-
-        def sstep(p: Any, s: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
-            loss, g = tdfunc.value_and_grad(stacked_loss)(p, x, y)
-            p, s = optim.step(opt, g, s, p)
-            return p, s, loss
-
-        fn = tdfunc.compile(sstep, donate=(0, 1), fullgraph=True)
-        p = tdfunc.stack_modules(blocks, buffers=False).detach().clone()
-        st = [p, opt.init(p)]
-
-        def call() -> torch.Tensor:
-            st[0], st[1], loss = fn(st[0], st[1], x, y)
-            return loss
     else:
         if kind == "vg_scan":
-            b0 = blocks[0]
-
-            def loss_fn(p: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-                def body(h: torch.Tensor, pi: Any) -> Any:
-                    return tdfunc.functional_call(b0, pi, (h,)), ()
-
-                h, _ = tdfunc.scan(body, x, p)
-                return loss_of(h, y)
-
             p = tdfunc.stack_modules(blocks, buffers=False).detach()
+            vg = tdfunc.value_and_grad(torch.compile(stacked_loss, fullgraph=True))
         else:
             p = tdfunc.from_module(model, buffers=False).detach().clone()
-        if kind == "vg_blockc":
-            block_cls.forward = torch.compile(block_cls.forward)  # type: ignore[method-assign]
-            vg = tdfunc.value_and_grad(loss_fn)
-        else:
-            vg = tdfunc.value_and_grad(torch.compile(loss_fn, fullgraph=True))
+            if kind == "vg_blockc":
+                block_cls.forward = torch.compile(block_cls.forward)  # type: ignore[method-assign]
+                vg = tdfunc.value_and_grad(loss_fn)
+            else:
+                vg = tdfunc.value_and_grad(torch.compile(loss_fn, fullgraph=True))
         st = [p, opt.init(p)]
 
         def call() -> torch.Tensor:
