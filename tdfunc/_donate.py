@@ -437,6 +437,10 @@ def compile(  # tdfunc.compile, as torch.compile
     results. Without ``donate`` this is ``torch.compile`` (a module is returned as
     ``torch.compile`` returns it; a function is wrapped for the log below).
 
+    Gradients inside: every call runs with Dynamo tracing ``torch.autograd.grad``
+    (``torch._dynamo.config.trace_autograd_ops``, put back after the call), so a step that
+    takes them with :func:`tdfunc.value_and_grad` is one graph, as with ``torch.func``.
+
     Never silent about compile time: a call after the first that compiled again (a guard
     failed) and a first call that compiled for more than a minute log a warning on the
     ``tdfunc.compile`` logger saying why, with torch's ``TORCH_LOGS`` setting that shows
