@@ -205,6 +205,7 @@ def test_public_api_is_the_operations() -> None:
         "ShardedStep",
         "Traffic",
         "Transfer",
+        "TransferMetadataError",
         "TransferPlan",
         "cache_clear",
         "checkpoint_digest",

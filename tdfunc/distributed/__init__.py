@@ -63,6 +63,7 @@ from ._common.errors import (
     CheckpointCorruptError,
     CheckpointDigestError,
     CheckpointError,
+    TransferMetadataError,
 )
 from ._redistribute.local import distribute, from_local, to_local
 from ._redistribute.redistribute import DEFAULT_BACKEND, full_tensor, redistribute
@@ -112,6 +113,7 @@ __all__ = [
     "ShardedStep",
     "Traffic",
     "Transfer",
+    "TransferMetadataError",
     "TransferPlan",
     "cache_clear",
     "checkpoint_digest",
