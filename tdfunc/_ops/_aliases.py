@@ -15,16 +15,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 _ALIAS = re.compile(r"Alias for :(?:func|meth):`~?(?:torch\.)?([\w.]+)`")
 _SEE = re.compile(r"^\s*See :func:`~?torch\.([\w.]+)`\.?\s*$", re.MULTILINE)
-_NAMESPACES: tuple[tuple[Any, bool], ...] = (
-    (torch, False),
-    (torch.special, False),
-    (torch.Tensor, True),
-    (F, False),
-)
 
 
 def _resolve(path: str) -> Any:
@@ -86,20 +79,18 @@ def alias_rules(
         >>> rules[torch.divide], "divide" in methods
         ('the rule of div', True)
     """
+    from ._pointwise import _candidates  # the public torch callables, by namespace
+
     rules: dict[Any, Callable[..., Any]] = {}
     methods: dict[str, Any] = {}
-    for ns, method in _NAMESPACES:
-        for attr in dir(ns):
-            if attr.startswith("_") or attr.endswith("_"):
-                continue
-            f = getattr(ns, attr, None)
-            if not callable(f) or isinstance(f, type) or f in table:
-                continue
-            target = target_of(f)
-            rule = table.get(target) if target is not None else None
-            if rule is None:
-                continue
-            rules[f] = rule
-            if method:
-                methods[attr] = f
+    for name, f, method in _candidates():
+        if f in table or f in rules:
+            continue
+        target = target_of(f)
+        rule = table.get(target) if target is not None else None
+        if rule is None:
+            continue
+        rules[f] = rule
+        if method:
+            methods[name] = f
     return rules, methods
