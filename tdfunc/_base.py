@@ -1052,10 +1052,10 @@ class Container(Node):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        impl = _HANDLERS.get(func)  # the common case: one dict hit
+        name = getattr(func, "__name__", "")
+        impl = _HANDLERS.get(name, _NO_HANDLER).get(func)  # the common case: two dict hits
         if impl is not None:
             return impl(*args, **kwargs)
-        name = getattr(func, "__name__", "")
         if name in _PYTREE_PASSTHROUGH:
             # functions that take any pytree of tensors: containers are pytrees already
             with DisableTorchFunctionSubclass():
@@ -1189,10 +1189,21 @@ def _by_name_or_alias(func: Any) -> bool:
 #: inside ``torch.compile`` a hit is guarded by its key alone, where the misses of the
 #: former chain of lookups (``_TORCH_FUNCTIONS``, then the batch-dim rules before the
 #: pointwise ones) were guarded by every key of each dict: ~150 guards per call
-_HANDLERS: dict[Any, Callable[..., Any]] = {
+_HANDLERS_BY_FUNCTION: dict[Any, Callable[..., Any]] = {
     **{f: _lifted(f, r) for f, r in _lift.TABLE.items() if not _by_name_or_alias(f)},
     **_TORCH_FUNCTIONS,
 }
+
+#: the same handlers keyed by the function's ``__name__`` first, then by the function (a
+#: name has one to a few functions: ``torch.sum``, ``Tensor.sum``, ``torch.masked.sum``).
+#: Inside ``torch.compile`` a hit in a dict keyed by strings is guarded by a lookup of that
+#: key; a dict keyed by function objects is guarded by the entry's *position*, and Dynamo
+#: walks the dict up to it on every call (``torch.sum`` sat at position 334: ~1 us a call)
+_HANDLERS: dict[str, dict[Any, Callable[..., Any]]] = {}
+for _f, _impl in _HANDLERS_BY_FUNCTION.items():
+    _HANDLERS.setdefault(getattr(_f, "__name__", ""), {})[_f] = _impl
+del _f, _impl
+_NO_HANDLER: dict[Any, Callable[..., Any]] = {}
 
 #: every lifted torch function's Tensor-like method (``td.exp()``, ``td.clamp(...)``,
 #: ``td.bool()``, ``td.cumsum(0)``), one mechanism from the table in ``_ops/_lift.py``;

@@ -19,8 +19,9 @@ transform (``torch.vmap``) added or removed, so vmap works with no patching of t
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import EllipsisType
 from typing import Any
 
@@ -30,6 +31,7 @@ from torch import Tensor
 
 from . import _errors as E
 from ._compat import is_batchedtensor, pytree
+from ._twins import traced_as
 
 Key = str | tuple[str, ...]
 KeyPath = tuple[str, ...]
@@ -48,6 +50,10 @@ class Node:
     __slots__ = ()
     _batch_size: torch.Size
     _device: torch.device | None
+    #: a node whose children are the values of its ``_data`` dict, in key order, and whose
+    #: ``_tdf_rebuild`` is ``_tdf_from_data`` of the rebuilt dict (``TensorDict``): the
+    #: rebuild builds that dict in one comprehension (no children tuple, no ``zip``)
+    _tdf_dict_layout: bool = False
 
     # ---- required
     def _tdf_keys(self) -> tuple[str, ...]:
@@ -154,7 +160,7 @@ def as_batch_size(batch_size: Any) -> torch.Size:
 # --------------------------------------------------------------------------------------
 def _collect(node: Node, out: list[Tensor]) -> None:
     append = out.append
-    for v in node._tdf_children():
+    for v in node._data.values() if node._tdf_dict_layout else node._tdf_children():  # type: ignore[attr-defined]
         if isinstance(v, Tensor):
             append(v)
         elif v is not None:
@@ -166,6 +172,51 @@ def leaves(node: Node) -> list[Tensor]:
     out: list[Tensor] = []
     _collect(node, out)
     return out
+
+
+def flat_leaves(node: Node) -> list[Tensor] | None:
+    """The leaves of a dict-layout node (``TensorDict``) whose children are all tensors,
+    else ``None``: one pass in C, where :func:`leaves` and :func:`rebuild` walk the children
+    in Python (20 leaves: ~1 us less per op). Pair with :func:`rebuild_flat`. Eager only:
+    Dynamo traces a twin that returns ``None`` (the general path, which it traces as cheaply).
+
+    Example:
+        >>> import torch, tdfunc
+        >>> len(flat_leaves(tdfunc.TensorDict(a=torch.zeros(2), b=torch.ones(2))))
+        2
+        >>> flat_leaves(tdfunc.TensorDict(n={"a": torch.zeros(2)})) is None
+        True
+    """
+    if not node._tdf_dict_layout:
+        return None
+    vals = list(node._data.values())  # type: ignore[attr-defined]
+    return vals if all(map(isinstance, vals, _ALWAYS_TENSOR)) else None
+
+
+@traced_as(flat_leaves)
+def _flat_leaves_traced(node: Node) -> list[Tensor] | None:
+    return None
+
+
+#: ``Tensor`` for every ``isinstance`` of :func:`flat_leaves`'s ``map`` (never exhausted)
+_ALWAYS_TENSOR = itertools.repeat(Tensor)
+
+
+def rebuild_flat(node: Node, new_leaves: Iterable[Any]) -> Any:
+    """``node`` (whose leaves :func:`flat_leaves` returned) with ``new_leaves`` in their place,
+    same batch size and device (trusted).
+
+    Example:
+        >>> import torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.zeros(2))
+        >>> rebuild_flat(td, [torch.ones(2)])["a"].tolist()
+        [1.0, 1.0]
+    """
+    return node._tdf_from_data(  # type: ignore[attr-defined]
+        dict(zip(node._data, new_leaves)),  # type: ignore[attr-defined]
+        node._batch_size,
+        node._device,
+    )
 
 
 def _collect_paths(node: Node, prefix: KeyPath, out: list[tuple[KeyPath, Tensor]]) -> None:
@@ -205,9 +256,36 @@ def rebuild(
     followed by their own extra dims (those beyond the parent's) when ``keep_extra``; exactly
     the parent's otherwise (e.g. after a full reduction).
     """
-    old_bd = len(node._batch_size)
+    # the elementwise ops (batch_size None) never read a batch size: inside torch.compile
+    # that costs no guard on it (type, length, each dim) for any node
+    old_bd = 0 if batch_size is None else len(node._batch_size)
+    new_bs = node._batch_size if batch_size is None else batch_size
     # one comprehension (the hot path of every op): a tensor takes the next leaf, None stays,
-    # a node is rebuilt with its batch size derived as above
+    # a node is rebuilt with its batch size derived as above. The same comprehension twice:
+    # over a dict layout's items, or over the children of any node
+    if node._tdf_dict_layout:
+        return node._tdf_from_data(  # type: ignore[attr-defined]
+            {
+                k: next(it)
+                if isinstance(v, Tensor)
+                else v
+                if v is None
+                else rebuild(
+                    v,
+                    it,
+                    None
+                    if batch_size is None
+                    else batch_size + v._batch_size[old_bd:]
+                    if keep_extra
+                    else batch_size,
+                    device,
+                    keep_extra,
+                )
+                for k, v in node._data.items()  # type: ignore[attr-defined]
+            },
+            new_bs,
+            device,
+        )
     children = [
         next(it)
         if isinstance(v, Tensor)
@@ -226,9 +304,7 @@ def rebuild(
         )
         for v in node._tdf_children()
     ]
-    return node._tdf_rebuild(
-        children, node._batch_size if batch_size is None else batch_size, device
-    )
+    return node._tdf_rebuild(children, new_bs, device)
 
 
 def map_leaves(
@@ -245,6 +321,19 @@ def map_leaves(
     return rebuild(
         node, iter(new_leaves), batch_size, node._device if device is ... else device, keep_extra
     )
+
+
+def with_leaves(node: Node, new_leaves: Iterable[Any]) -> Any:
+    """``map_leaves(node, new_leaves)``: the same nodes, batch sizes and device around new
+    leaves (trusted; the elementwise ops). No defaults: inside ``torch.compile`` a default
+    that a call uses costs a guard on the function's defaults per compiled call.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> with_leaves(tdfunc.TensorDict(a=torch.zeros(2)), [torch.ones(2)])["a"].tolist()
+        [1.0, 1.0]
+    """
+    return rebuild(node, iter(new_leaves), None, node._device, True)
 
 
 def shallow_copy(node: Node) -> Any:

@@ -95,6 +95,7 @@ class TensorDict(Container):
     # step's plan, tdfunc.optim._plan) without keeping it alive
     __slots__ = ("__weakref__", "_data")
     _data: dict[str, Any]
+    _tdf_dict_layout = True
 
     def __init__(
         self,
@@ -196,6 +197,14 @@ class TensorDict(Container):
         self, children: Sequence[Any], batch_size: torch.Size, device: torch.device | None
     ) -> TensorDict:
         return TensorDict._new(dict(zip(self._data, children)), batch_size, device)
+
+    def _tdf_from_data(
+        self, data: dict[str, Any], batch_size: torch.Size, device: torch.device | None
+    ) -> TensorDict:
+        """Trusted: the rebuild of a dict layout (``Node._tdf_dict_layout``), ``data`` the new
+        children by key. (Not ``_new`` itself: a classmethod reached through two containers
+        of one class costs a Python guard per compiled call.)"""
+        return TensorDict._new(data, batch_size, device)
 
     def _tdf_get(self, key: str, default: Any) -> Any:
         return self._data.get(key, default)

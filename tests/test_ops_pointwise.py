@@ -210,6 +210,86 @@ def test_input_is_not_changed():
     assert torch.equal(td["a"], before)
 
 
+def _flat_td() -> tdfunc.TensorDict:
+    g = torch.Generator().manual_seed(3)
+    return tdfunc.TensorDict(
+        {f"k{i}": torch.randn(3, 2, generator=g) for i in range(4)}, batch_size=[3]
+    )
+
+
+@pytest.mark.parametrize("method", [True, False])
+def test_unary_on_a_flat_container_is_a_new_container_with_the_same_layout(method: bool) -> None:
+    """The flat path (every child a tensor: one C-level check, the dict rebuilt by ``zip``)
+    gives what the general path gives: new leaves by key, the same batch size and device, a
+    dict of its own, the input untouched."""
+    td = _flat_td()
+    before = {k: v.clone() for k, v in td.items()}
+    got = td.exp() if method else torch.exp(td)
+    assert list(got.keys()) == list(td.keys())
+    assert got.batch_size == td.batch_size
+    assert got.device == td.device
+    for k, v in before.items():
+        torch.testing.assert_close(got[k], v.exp())
+        assert torch.equal(td[k], v)
+    assert got._data is not td._data
+    # the general path (a nested container) agrees leaf by leaf
+    nested = tdfunc.TensorDict(n=td, batch_size=[3]).exp()
+    for k in before:
+        torch.testing.assert_close(nested["n", k], got[k])
+    on_device = tdfunc.TensorDict(a=torch.zeros(2), device="cpu", batch_size=[2]).exp()
+    assert on_device.device == torch.device("cpu")
+
+
+def test_flat_leaves_only_for_containers_of_tensors() -> None:
+    from tdfunc._tree import flat_leaves
+
+    td = _flat_td()
+    assert flat_leaves(td) == list(td.values())
+    assert flat_leaves(tdfunc.TensorDict(n=td, batch_size=[3])) is None
+    assert flat_leaves(tdfunc.TensorDict(a=torch.zeros(3), n=td, batch_size=[3])) is None
+    assert flat_leaves(tdfunc.TensorDict()) == []
+
+    @tdfunc.tensorclass
+    class P:
+        x: torch.Tensor
+
+    assert flat_leaves(P(x=torch.zeros(2), batch_size=[2])) is None  # not a dict layout
+    torch.testing.assert_close(P(x=torch.zeros(2), batch_size=[2]).exp().x, torch.ones(2))
+
+
+def test_unary_flat_and_nested_compiled_one_frame_each() -> None:
+    """Dynamo traces the general path (the flat check's twin answers None)."""
+    f, cnt = compiled(lambda td: td.exp())
+    td = _flat_td()
+    torch.testing.assert_close(f(td)["k1"], td["k1"].exp())
+    f(td + 1)
+    assert cnt.frame_count == 1
+    nested = tdfunc.TensorDict(n=td, a=td["k0"], batch_size=[3])
+    torch.testing.assert_close(f(nested)["n", "k2"], td["k2"].exp())
+    assert cnt.frame_count == 2
+
+
+def test_functions_sharing_a_name_reach_their_own_rule() -> None:
+    """``__torch_function__`` finds a rule by name, then by function: ``torch.relu`` and
+    ``F.relu`` share a name (and ``torch.softmax`` / ``F.softmax``, ``torch.sum`` /
+    ``Tensor.sum``), each reaches its own rule, eagerly and compiled."""
+    td = _flat_td()
+    calls = {
+        "relu": (torch.relu, F.relu),
+        "softmax": (lambda t: torch.softmax(t, 0), lambda t: F.softmax(t, 0)),
+        "log_softmax": (lambda t: torch.log_softmax(t, 0), lambda t: F.log_softmax(t, 0)),
+    }
+    want = {"relu": td["k0"].relu(), "softmax": td["k0"].softmax(0)}
+    want["log_softmax"] = td["k0"].log_softmax(0)
+    for name, fs in calls.items():
+        for f in fs:
+            torch.testing.assert_close(f(td)["k0"], want[name])
+            g, cnt = compiled(f)
+            torch.testing.assert_close(g(td)["k0"], want[name])
+            assert cnt.frame_count == 1
+    torch.testing.assert_close(torch.sum(td, 0)["k2"], td["k2"].sum(0))
+
+
 # ------------------------------------------------------------------ a user operator
 @torch.library.custom_op("tdfunc_test::twice", mutates_args=(), tags=(torch.Tag.pointwise,))
 def twice(x: torch.Tensor) -> torch.Tensor:

@@ -106,20 +106,22 @@ def _kind(typ: str) -> str:
 
 
 #: read once here: traced code that reaches ``torch`` through this module's global while the
-#: caller's frame reaches it through its own costs a Python identity guard per compiled call
-_INT_TYPES = (int, torch.SymInt)
-_SEQ_TYPES = (list, tuple, torch.Size)
+#: caller's frame reaches it through its own costs a Python identity guard per compiled call.
+#: The tuples are written where they are used: a tuple global costs a guard on its type, its
+#: length and each item per compiled call, a class global one
+_SymInt = torch.SymInt
+_Size = torch.Size
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, _INT_TYPES) and not isinstance(v, bool)
+    return isinstance(v, (int, _SymInt)) and not isinstance(v, bool)
 
 
 #: what each kind of argument accepts
 _CHECKS: dict[str, Callable[[Any], bool]] = {
     "T": lambda v: _is_tensor(v) or is_node(v),
     "I": _is_int,
-    "IL": lambda v: _is_int(v) or isinstance(v, _SEQ_TYPES),
+    "IL": lambda v: _is_int(v) or isinstance(v, (list, tuple, _Size)),
     "B": lambda v: isinstance(v, bool),
     "N": lambda v: isinstance(v, (int, float, complex, torch.SymInt, torch.SymFloat)),
     "D": lambda v: isinstance(v, torch.dtype),
@@ -269,7 +271,7 @@ def _put(args: list[Any], kw: dict[str, Any], i: int, name: str, value: Any) -> 
 
 def _norm_dims(value: Any, bs: torch.Size) -> Any:
     nd = max(len(bs), 1)  # a 0-d batch takes 0 and -1, as a 0-d tensor
-    if isinstance(value, _SEQ_TYPES):
+    if isinstance(value, (list, tuple, _Size)):
         return [norm_dim(d, nd, bs) for d in value]
     return norm_dim(value, nd, bs)
 
@@ -284,9 +286,10 @@ def _result(node: Any, outs: list[Any], first_leaf: Tensor, bd: int, whole: bool
     if _is_tensor(r0):
         if whole:  # each whole leaf reduced: 0-d, or all-ones with keepdim
             bs = r0.shape[:bd] if r0.ndim == first_leaf.ndim else torch.Size(())
-            return map_leaves(node, outs, bs, keep_extra=False)
+            return map_leaves(node, outs, bs, node._device, False)
         feat = first_leaf.ndim - bd
-        return map_leaves(node, outs, r0.shape[: r0.ndim - feat])
+        # every argument given: a default that a call uses costs a guard when compiled
+        return map_leaves(node, outs, r0.shape[: r0.ndim - feat], node._device, True)
     # a tuple of tensors (a torch.return_types named tuple, or a list of pieces)
     parts = [_result(node, [o[j] for o in outs], first_leaf, bd, whole) for j in range(len(r0))]
     if hasattr(r0, "n_fields"):  # torch.return_types.*: the same type, holding containers
@@ -324,7 +327,7 @@ def _over_dims(name: str, func: Callable[..., Any], sigs: tuple[_Sig, ...]) -> C
         node = bound[0] if bound else kwargs.get(sig.names[0])
         if not is_node(node):
             raise TypeError(E.BATCHDIM_SELF.format(op=name, typ=type(node).__name__))
-        return _lift(name, func, sig, node, list(bound), dict(kwargs))
+        return _lift(name, func, sig, node, list(bound), {**kwargs})
 
     rule.__name__ = f"over_batch_dims[{name}]"
     return rule
@@ -430,7 +433,7 @@ def _down(out: Any) -> Any:
 # the other families
 # --------------------------------------------------------------------------------------
 def _sizes_arg(sizes: tuple[Any, ...]) -> tuple[Any, ...]:
-    if len(sizes) == 1 and isinstance(sizes[0], _SEQ_TYPES):
+    if len(sizes) == 1 and isinstance(sizes[0], (list, tuple, _Size)):
         return tuple(sizes[0])
     return tuple(sizes)
 
@@ -617,7 +620,7 @@ def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwarg
     out = [fn(x, dims, keepdim=keepdim, **kwargs) for x in leaves(node)]
     new_bd = len(bs) if keepdim else len(bs) - len(dims)
     if out:  # the batch size read from the first result, as _result does
-        return map_leaves(node, out, out[0].shape[:new_bd])
+        return map_leaves(node, out, out[0].shape[:new_bd], node._device, True)
     if keepdim:
         new_bs = torch.Size([1 if i in dims else s for i, s in enumerate(bs)])
     else:
@@ -628,7 +631,7 @@ def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwarg
 #: reductions whose torch function takes a single dim
 _ONE_DIM = frozenset({"prod", "all", "any"})
 #: the torch function of each reduction method (``td.sum(0)``...), read from here in traced
-#: code: see ``_INT_TYPES``
+#: code: see ``_SymInt``
 _REDUCE_FNS: dict[str, Callable[..., Any]] = {
     n: getattr(torch, n)
     for n in ("sum", "mean", "prod", "amax", "amin", "std", "var", "all", "any")

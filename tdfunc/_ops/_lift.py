@@ -27,8 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import _errors as E
+from .._compat import unary_foreach
 from . import _aliases, _batchdim, _pointwise
 from ._pointwise import align_to_batch as align_to_batch
+from ._pointwise import unary as _unary  # not through the module: see tests/test_compile_guards.py
 
 
 def _name(func: Any) -> str:
@@ -147,8 +149,13 @@ METHODS: dict[str, Callable[..., Any]] = {
 
 def _method(name: str, tensor_method: Callable[..., Any]) -> Callable[..., Any]:
     rule = rule_for(tensor_method)  # looked up once; a call with options goes through dispatch
+    # td.exp(): a unary op with a foreach twin goes straight to its hot path
+    fast = name if isinstance(rule, _pointwise._Rule) and rule.name == name else None
+    fast = fast if fast in unary_foreach else None
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if fast is not None and not args and not kwargs:
+            return _unary(fast, self)
         if kwargs or rule is None:
             return dispatch(tensor_method, (self, *args), kwargs)
         return rule(self, *args)

@@ -20,7 +20,7 @@ from .._compat import (
     functorch_transforms_active,
     is_batchedtensor,
 )
-from .._tree import is_node, leaves, map_leaves
+from .._tree import is_node, leaves, with_leaves
 from .._twins import traced_as
 from ._structure import check_batch_invariant, check_same_structure
 
@@ -102,8 +102,8 @@ def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
             and _can_foreach(lb)
             and all(x.shape == y.shape for x, y in zip(la, lb))
         ):
-            return map_leaves(a, f(la, lb))
-        return map_leaves(a, [op(x, y) for x, y in zip(la, lb)])
+            return with_leaves(a, f(la, lb))
+        return with_leaves(a, [op(x, y) for x, y in zip(la, lb)])
     if is_node(a):
         ls = leaves(a)
         f = _FOREACH.get(op)
@@ -113,11 +113,11 @@ def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
             and not isinstance(b, bool)
             and _can_foreach(ls)
         ):
-            return map_leaves(a, f(ls, b))
+            return with_leaves(a, f(ls, b))
         out = [op(x, b) for x in ls]
         if isinstance(b, Tensor) and b.ndim > 0:
             check_batch_invariant(a, out, a._batch_size, getattr(op, "__name__", "op"))
-        return map_leaves(a, out)
+        return with_leaves(a, out)
     ls = leaves(b)
     if (
         op in _COMMUTATIVE
@@ -126,16 +126,16 @@ def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
         and _can_foreach(ls)
     ):
         # ``lr * grads``: a number times (plus) every leaf is one foreach call
-        return map_leaves(b, _FOREACH[op](ls, a))
+        return with_leaves(b, _FOREACH[op](ls, a))
     out = [op(a, x) for x in ls]
     if isinstance(a, Tensor) and a.ndim > 0:
         check_batch_invariant(b, out, b._batch_size, getattr(op, "__name__", "op"))
-    return map_leaves(b, out)
+    return with_leaves(b, out)
 
 
 def unary(op: Callable[[Tensor], Tensor], node: Any) -> Any:
     """Elementwise ``op`` on every leaf."""
-    return map_leaves(node, [op(x) for x in leaves(node)])
+    return with_leaves(node, [op(x) for x in leaves(node)])
 
 
 def elementwise(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -151,4 +151,4 @@ def elementwise(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str,
         call_args = [c[i] if c is not None else a for a, c in zip(args, cols)]
         out.append(func(*call_args, **kwargs))
     check_batch_invariant(ref, out, ref._batch_size, getattr(func, "__name__", "op"))
-    return map_leaves(ref, out)
+    return with_leaves(ref, out)
