@@ -49,6 +49,7 @@ NONE_SHARED = "shared memory: `td.apply(lambda x: x.clone().share_memory_())`; a
 NONE_QUANT = (
     "quantized dtypes: quantize per leaf with `td.apply(...)` and `torch.quantize_per_tensor`"
 )
+NOTE_PLAIN_TENSOR = "a plain tensor `other` is broadcast against each leaf as torch does (last dims); tensordict aligns a batch-shaped one with the batch dims: [the alignment rule](../lifted-ops.md#the-alignment-rule)"
 NONE_MP = "worker processes: `torch.vmap(fn)(td)`, or a `DataLoader` over a dataset of containers"
 
 #: tensordict name -> Row; a spelling starting with ``(`` is the same name called on ``td``
@@ -92,7 +93,7 @@ _T: dict[str, Row] = {
         ]
     },
     **{
-        n: same("(other)")
+        n: Row("(other)", NOTE_PLAIN_TENSOR)
         for n in [
             "add",
             "sub",

@@ -43,8 +43,8 @@ REFS = [op for op in common.reduction_ops if op.name.startswith("_refs.")]
 _COUNT_DIVIDE = (
     "torch.masked.{} is Python code that divides the reduced container by a plain count "
     "tensor of the reduced batch shape; arithmetic with a plain tensor keeps torch's per-leaf "
-    "(trailing) broadcasting, as tensordict does, so the count does not line up with the "
-    "batch dims of leaves that have feature dims"
+    "(trailing) broadcasting (tensordict aligns it with the batch instead: docs/lifted-ops.md), "
+    "so the count does not line up with the batch dims of leaves that have feature dims"
 )
 NOT_LIFTED: dict[str, str] = {
     "masked.mean": _COUNT_DIVIDE.format("mean"),
