@@ -1166,7 +1166,9 @@ _DUNDER_ALIASED: tuple[tuple[Any, tuple[Callable[..., Any], bool]], ...] = tuple
 
 def _lifted(func: Callable[..., Any], rule: Callable[..., Any]) -> Callable[..., Any]:
     def handler(*args: Any, **kwargs: Any) -> Any:
-        return _run_rule(func, rule, args, kwargs)
+        if kwargs:  # out= / inplace= checked there
+            return _run_rule(func, rule, args, kwargs)
+        return rule(*args)
 
     return handler
 

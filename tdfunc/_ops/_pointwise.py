@@ -376,7 +376,9 @@ def lift(
     """
     if len(args) == 1 and not kwargs and name in unary_foreach:
         return unary(name, args[0])
-    nodes = [a for a in args if is_node(a)] + [v for v in kwargs.values() if is_node(v)]
+    nodes = [a for a in args if is_node(a)]
+    if kwargs:
+        nodes += [v for v in kwargs.values() if is_node(v)]
     ref = nodes[0]
     for n in nodes[1:]:
         check_same_structure(ref, n, name)
