@@ -50,10 +50,12 @@ class Node:
     __slots__ = ()
     _batch_size: torch.Size
     _device: torch.device | None
-    #: a node whose children are the values of its ``_data`` dict, in key order, and whose
-    #: ``_tdf_rebuild`` is ``_tdf_from_data`` of the rebuilt dict (``TensorDict``): the
-    #: rebuild builds that dict in one comprehension (no children tuple, no ``zip``)
+    #: the dict layout (``TensorDict``), part of the protocol: a node that declares it has its
+    #: children as the values of its ``_data`` dict, in key order, and rebuilds from a new
+    #: such dict with ``_tdf_from_data(data, batch_size, device)``; the rebuild and the leaf
+    #: walk read ``_data`` in one comprehension (no children tuple, no ``zip``)
     _tdf_dict_layout: bool = False
+    _data: dict[str, Any]  # the dict layout only
 
     # ---- required
     def _tdf_keys(self) -> tuple[str, ...]:
@@ -68,6 +70,13 @@ class Node:
         self, children: Sequence[Any], batch_size: torch.Size, device: torch.device | None
     ) -> Any:
         """Trusted: the same type and static fields with new children, batch size and device."""
+        raise NotImplementedError
+
+    def _tdf_from_data(
+        self, data: dict[str, Any], batch_size: torch.Size, device: torch.device | None
+    ) -> Any:
+        """The dict layout only (``_tdf_dict_layout``): trusted, the same type around ``data``
+        (new children by key), with this batch size and device."""
         raise NotImplementedError
 
     # ---- with defaults
@@ -160,7 +169,7 @@ def as_batch_size(batch_size: Any) -> torch.Size:
 # --------------------------------------------------------------------------------------
 def _collect(node: Node, out: list[Tensor]) -> None:
     append = out.append
-    for v in node._data.values() if node._tdf_dict_layout else node._tdf_children():  # type: ignore[attr-defined]
+    for v in node._data.values() if node._tdf_dict_layout else node._tdf_children():
         if isinstance(v, Tensor):
             append(v)
         elif v is not None:
@@ -189,7 +198,7 @@ def flat_leaves(node: Node) -> list[Tensor] | None:
     """
     if not node._tdf_dict_layout:
         return None
-    vals = list(node._data.values())  # type: ignore[attr-defined]
+    vals = list(node._data.values())
     return vals if all(map(isinstance, vals, _ALWAYS_TENSOR)) else None
 
 
@@ -212,8 +221,8 @@ def rebuild_flat(node: Node, new_leaves: Iterable[Any]) -> Any:
         >>> rebuild_flat(td, [torch.ones(2)])["a"].tolist()
         [1.0, 1.0]
     """
-    return node._tdf_from_data(  # type: ignore[attr-defined]
-        dict(zip(node._data, new_leaves)),  # type: ignore[attr-defined]
+    return node._tdf_from_data(
+        dict(zip(node._data, new_leaves)),
         node._batch_size,
         node._device,
     )
@@ -264,7 +273,7 @@ def rebuild(
     # a node is rebuilt with its batch size derived as above. The same comprehension twice:
     # over a dict layout's items, or over the children of any node
     if node._tdf_dict_layout:
-        return node._tdf_from_data(  # type: ignore[attr-defined]
+        return node._tdf_from_data(
             {
                 k: next(it)
                 if isinstance(v, Tensor)
@@ -281,7 +290,7 @@ def rebuild(
                     device,
                     keep_extra,
                 )
-                for k, v in node._data.items()  # type: ignore[attr-defined]
+                for k, v in node._data.items()
             },
             new_bs,
             device,
