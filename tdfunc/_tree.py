@@ -270,33 +270,12 @@ def rebuild(
     old_bd = 0 if batch_size is None else len(node._batch_size)
     new_bs = node._batch_size if batch_size is None else batch_size
     # one comprehension (the hot path of every op): a tensor takes the next leaf, None stays,
-    # a node is rebuilt with its batch size derived as above. The same comprehension twice:
-    # over a dict layout's items, or over the children of any node
-    if node._tdf_dict_layout:
-        return node._tdf_from_data(
-            {
-                k: next(it)
-                if isinstance(v, Tensor)
-                else v
-                if v is None
-                else rebuild(
-                    v,
-                    it,
-                    None
-                    if batch_size is None
-                    else batch_size + v._batch_size[old_bd:]
-                    if keep_extra
-                    else batch_size,
-                    device,
-                    keep_extra,
-                )
-                for k, v in node._data.items()
-            },
-            new_bs,
-            device,
-        )
-    children = [
-        next(it)
+    # a node is rebuilt with its batch size derived as above. A dict layout's items are read
+    # as they are (its new dict is the comprehension itself); other nodes pair keys and
+    # children
+    layout = node._tdf_dict_layout
+    data = {
+        k: next(it)
         if isinstance(v, Tensor)
         else v
         if v is None
@@ -311,9 +290,11 @@ def rebuild(
             device,
             keep_extra,
         )
-        for v in node._tdf_children()
-    ]
-    return node._tdf_rebuild(children, new_bs, device)
+        for k, v in (node._data.items() if layout else zip(node._tdf_keys(), node._tdf_children()))
+    }
+    if layout:
+        return node._tdf_from_data(data, new_bs, device)
+    return node._tdf_rebuild(list(data.values()), new_bs, device)
 
 
 def map_leaves(
