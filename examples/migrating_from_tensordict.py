@@ -44,6 +44,22 @@ for inplace, pure in [
 # --8<-- [end:updates]
 
 
+# --8<-- [start:arithmetic]
+# a plain tensor shaped like the batch: tensordict aligns it with the batch dims (one weight
+# per row), tdfunc broadcasts it against each leaf as torch does (its last dims line up)
+w = torch.tensor([1.0, 2.0, 3.0])
+square = torch.rand(3, 3)
+theirs = tensordict.TensorDict(a=square, batch_size=[3]) * w
+ours = tdfunc.TensorDict(a=square, batch_size=[3]) * w
+torch.testing.assert_close(theirs["a"], square * w[:, None])  # the rows
+torch.testing.assert_close(ours["a"], square * w)  # the last dim: a different result
+# per-sample weights in tdfunc: write the alignment out (every leaf, any feature dims)
+rows = tdfunc.TensorDict(a=square, batch_size=[3]).apply(
+    lambda v: v * w.reshape(w.shape + (1,) * (v.ndim - w.ndim))
+)
+torch.testing.assert_close(rows["a"], theirs["a"])
+# --8<-- [end:arithmetic]
+
 # --8<-- [start:modules]
 model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
 
