@@ -328,7 +328,7 @@ def with_leaves(node: Node, new_leaves: Iterable[Any]) -> Any:
 
 def shallow_copy(node: Node) -> Any:
     """New nodes (nested ones too) around the same leaves."""
-    return map_leaves(node, leaves(node))
+    return with_leaves(node, leaves(node))
 
 
 def same_structure(a: Any, b: Any) -> bool:

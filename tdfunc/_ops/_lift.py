@@ -150,8 +150,8 @@ METHODS: dict[str, Callable[..., Any]] = {
 def _method(name: str, tensor_method: Callable[..., Any]) -> Callable[..., Any]:
     rule = rule_for(tensor_method)  # looked up once; a call with options goes through dispatch
     # td.exp(): a unary op with a foreach twin goes straight to its hot path
-    fast = name if isinstance(rule, _pointwise._Rule) and rule.name == name else None
-    fast = fast if fast in unary_foreach else None
+    unary_rule = isinstance(rule, _pointwise._Rule) and rule.name == name
+    fast = name if unary_rule and name in unary_foreach else None
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         if fast is not None and not args and not kwargs:
