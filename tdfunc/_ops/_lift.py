@@ -147,13 +147,23 @@ METHODS: dict[str, Callable[..., Any]] = {
 }
 
 
+#: per installed method name: (the unary fast-path name or ``None``, the ``Tensor`` method it
+#: mirrors, its rule or ``None``). The methods read it as a module global and close over
+#: their name alone: a method called on a container made inside a compiled function is a
+#: function Dynamo reaches without a source, and a closure cell holding a rule object (not a
+#: constant) could not be rebuilt there; a global always has one.
+_METHOD_PLANS: dict[str, tuple[str | None, Callable[..., Any], Callable[..., Any] | None]] = {}
+
+
 def _method(name: str, tensor_method: Callable[..., Any]) -> Callable[..., Any]:
     rule = rule_for(tensor_method)  # looked up once; a call with options goes through dispatch
     # td.exp(): a unary op with a foreach twin goes straight to its hot path
     unary_rule = isinstance(rule, _pointwise._Rule) and rule.name == name
     fast = name if unary_rule and name in unary_foreach else None
+    _METHOD_PLANS[name] = (fast, tensor_method, rule)
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        fast, tensor_method, rule = _METHOD_PLANS[name]
         if fast is not None and not args and not kwargs:
             return _unary(fast, self)
         if kwargs or rule is None:
