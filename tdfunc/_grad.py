@@ -10,7 +10,8 @@ with ``torch.compile``, and AOTAutograd then splits each compiled region into a 
 backward graph, so torch's regional compilation, ``nested_compile_region`` and ``scan`` apply
 and a block repeated N times compiles once. Inside :func:`tdfunc.compile` it is traced too
 (tdfunc.compile lets Dynamo trace ``torch.autograd.grad`` for its calls): a whole step is then
-one graph, as with ``torch.func``.
+one graph, as with ``torch.func``. Inside a plain ``torch.compile`` Dynamo traces
+``torch.func.grad_and_value`` in its place (a traced twin with the same values).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from . import _errors as E
 from . import _tree
 from ._compat import pytree
 from ._tree import is_node
+from ._twins import constant_when_traced, traced_as
 
 __all__ = ["value_and_grad"]
 
@@ -79,10 +81,14 @@ def value_and_grad(
     forward and backward graphs: a block repeated N times compiles once, and the first call
     costs what torch's own regional recipe costs instead of growing with the depth (see the
     training-loop guide). The optimizer step then runs eagerly on torch's fused kernels
-    (``optim.step(..., donate=True)``). Called inside a function compiled with
-    :func:`tdfunc.compile`, it is traced with the rest (one graph: forward, backward and
-    whatever follows); inside a plain ``torch.compile`` Dynamo stops at
-    ``torch.autograd.grad`` unless ``torch._dynamo.config.trace_autograd_ops`` is set.
+    (``optim.step(..., donate=True)``). Called inside a compiled function it is traced with
+    the rest (one graph: forward, backward and whatever follows), with the same values:
+    inside :func:`tdfunc.compile` through ``torch.autograd.grad`` (compiled regions and
+    ``tdfunc.scan`` inside keep their own graphs); inside a plain ``torch.compile``, where
+    Dynamo refuses ``torch.autograd.grad``, as ``torch.func.grad_and_value``.
+    Parameters straight from :func:`tdfunc.from_module` (requiring grad) may be passed as
+    they are: the gradient is taken with respect to a view of each, so nothing accumulates
+    into their ``.grad``.
 
     Args:
         fn: returns a scalar tensor, or ``(scalar, aux)`` with ``has_aux=True``.
@@ -108,45 +114,153 @@ def value_and_grad(
         (5.0, [2.0, 4.0], False)
     """
     nums = _argnums(argnums)
+    single = isinstance(argnums, int)
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        args_l = list(args)
-        inputs: list[Tensor] = []
-        rebuilds: list[tuple[int, Callable[[list[Tensor]], Any]]] = []
-        for i in nums:
-            if not -len(args_l) <= i < len(args_l):
-                raise TypeError(E.GRAD_ARGNUM_RANGE.format(index=i, n=len(args_l)))
-            arg = args_l[i]
-            if is_node(arg):  # the fast path: the container's own walk and trusted rebuild
-                leaves = _tree.leaves(arg)
-                rebuild: Callable[[list[Tensor]], Any] = functools.partial(_tree.map_leaves, arg)
-            else:
-                leaves, spec = pytree.tree_flatten(arg)
-                rebuild = functools.partial(_unflatten, spec=spec)
-            for leaf in leaves:
-                if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
-                    _raise_leaf(i, arg, leaf)
-            aliases = [leaf.detach().requires_grad_() for leaf in leaves]
-            rebuilds.append((len(inputs), rebuild))
-            inputs.extend(aliases)
-            args_l[i] = rebuild(aliases)
-        with torch.enable_grad():
-            out = fn(*args_l, **kwargs)
-        value, aux = out if has_aux else (out, None)
-        if not isinstance(value, Tensor) or value.numel() != 1:
-            what = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-            raise TypeError(E.GRAD_VALUE.format(what=what))
-        got: Sequence[Tensor | None] = [None] * len(inputs)
-        if value.requires_grad:
-            got = torch.autograd.grad(value, inputs, allow_unused=True)
-        grads = [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, got)]
-        trees = []
-        for k, (start, rebuild) in enumerate(rebuilds):
-            end = rebuilds[k + 1][0] if k + 1 < len(rebuilds) else len(grads)
-            trees.append(rebuild(grads[start:end]))
-        result = trees[0] if isinstance(argnums, int) else tuple(trees)
-        value = value.detach()
-        return ((value, _detach_tree(aux)) if has_aux else value), result
+        return _call(fn, nums, has_aux, single, args, kwargs)
 
     return wrapped
+
+
+def _check_value(value: Any) -> None:
+    if not isinstance(value, Tensor) or value.numel() != 1:
+        what = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+        raise TypeError(E.GRAD_VALUE.format(what=what))
+
+
+def _differentiated(
+    nums: tuple[int, ...], args: tuple[Any, ...]
+) -> list[tuple[int, Any, list[Tensor], Callable[[list[Tensor]], Any]]]:
+    """Each differentiated argument: its position, the argument, its leaves (checked to be
+    floating-point tensors) and how to rebuild it from new leaves."""
+    out = []
+    for i in nums:
+        if not -len(args) <= i < len(args):
+            raise TypeError(E.GRAD_ARGNUM_RANGE.format(index=i, n=len(args)))
+        arg = args[i]
+        if is_node(arg):  # the fast path: the container's own walk and trusted rebuild
+            leaves = _tree.leaves(arg)
+            rebuild: Callable[[list[Tensor]], Any] = functools.partial(_tree.map_leaves, arg)
+        else:
+            leaves, spec = pytree.tree_flatten(arg)
+            rebuild = functools.partial(_unflatten, spec=spec)
+        for leaf in leaves:
+            if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
+                _raise_leaf(i, arg, leaf)
+        out.append((i % len(args), arg, leaves, rebuild))
+    return out
+
+
+def _alias(leaf: Tensor) -> Tensor:
+    """A new tensor object for ``leaf`` that the gradient is taken with respect to.
+
+    A leaf that requires grad already (a parameter straight from ``from_module``) gets a
+    view: differentiable, no ``requires_grad_()`` on a tensor made inside a compiled
+    function (Dynamo refuses to return anything computed from one while it requires grad);
+    any other leaf gets a detached alias that requires grad."""
+    if leaf.requires_grad:
+        return leaf.view_as(leaf)
+    return leaf.detach().requires_grad_()
+
+
+def _call(
+    fn: Callable[..., Any],
+    nums: tuple[int, ...],
+    has_aux: bool,
+    single: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[Any, Any]:
+    """A call of a :func:`value_and_grad` function. Eagerly and inside :func:`tdfunc.compile`
+    the gradients come from ``torch.autograd.grad`` (:func:`_via_autograd`); Dynamo traces
+    :func:`_call_traced` in its place."""
+    return _via_autograd(fn, nums, has_aux, single, args, kwargs)
+
+
+def _via_autograd(
+    fn: Callable[..., Any],
+    nums: tuple[int, ...],
+    has_aux: bool,
+    single: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[Any, Any]:
+    args_l = list(args)
+    inputs: list[Tensor] = []
+    rebuilds: list[tuple[int, Callable[[list[Tensor]], Any]]] = []
+    for i, _, leaves, rebuild in _differentiated(nums, args):
+        aliases = [_alias(leaf) for leaf in leaves]
+        rebuilds.append((len(inputs), rebuild))
+        inputs.extend(aliases)
+        args_l[i] = rebuild(aliases)
+    with torch.enable_grad():
+        out = fn(*args_l, **kwargs)
+    value, aux = out if has_aux else (out, None)
+    _check_value(value)
+    got: Sequence[Tensor | None] = [None] * len(inputs)
+    if value.requires_grad:
+        got = torch.autograd.grad(value, inputs, allow_unused=True)
+    grads = [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, got)]
+    trees = []
+    for k, (start, rebuild) in enumerate(rebuilds):
+        end = rebuilds[k + 1][0] if k + 1 < len(rebuilds) else len(grads)
+        trees.append(rebuild(grads[start:end]))
+    result = trees[0] if single else tuple(trees)
+    value = value.detach()
+    return ((value, _detach_tree(aux)) if has_aux else value), result
+
+
+def _via_func(
+    fn: Callable[..., Any],
+    nums: tuple[int, ...],
+    has_aux: bool,
+    single: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[Any, Any]:
+    """The same values through ``torch.func.grad_and_value``: what a plain
+    ``torch.compile`` traces (Dynamo refuses ``torch.autograd.grad`` there)."""
+    diff = _differentiated(nums, args)
+    positions = [i for i, _, _, _ in diff]
+
+    def inner(*xs: Any) -> Any:
+        args_l = list(args)
+        for i, x in zip(positions, xs):
+            args_l[i] = x
+        out = fn(*args_l, **kwargs)
+        _check_value(out[0] if has_aux else out)
+        return out
+
+    grads, out = torch.func.grad_and_value(inner, argnums=tuple(range(len(diff))), has_aux=has_aux)(
+        *[arg for _, arg, _, _ in diff]
+    )
+    result = grads[0] if single else tuple(grads)
+    if has_aux:
+        return (out[0].detach(), _detach_tree(out[1])), result
+    return out.detach(), result
+
+
+@constant_when_traced
+def _autograd_traced() -> bool:
+    """Whether Dynamo traces ``torch.autograd.grad`` now (inside :func:`tdfunc.compile`);
+    read once per trace and kept as a constant."""
+    import torch._dynamo.config as config
+
+    return bool(getattr(config, "trace_autograd_ops", False))
+
+
+@traced_as(_call)
+def _call_traced(
+    fn: Callable[..., Any],
+    nums: tuple[int, ...],
+    has_aux: bool,
+    single: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[Any, Any]:
+    # inside tdfunc.compile: autograd.grad, traced (compiled regions and scan inside keep
+    # their own forward and backward graphs); inside a plain torch.compile: torch.func
+    if _autograd_traced():
+        return _via_autograd(fn, nums, has_aux, single, args, kwargs)
+    return _via_func(fn, nums, has_aux, single, args, kwargs)

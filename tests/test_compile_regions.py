@@ -307,19 +307,25 @@ def test_value_and_grad_inside_tdfunc_compile_one_graph() -> None:
     assert cnt.frame_count == 1
 
 
-def test_plain_torch_compile_still_refuses_autograd_grad() -> None:
-    """tdfunc.compile changes Dynamo's setting for its own calls only: a plain torch.compile
-    of the same step afterwards still stops at torch.autograd.grad, as torch does."""
-    p = tdfunc.TensorDict(w=torch.ones(3))
+def test_plain_torch_compile_after_tdfunc_compile() -> None:
+    """tdfunc.compile changes Dynamo's setting for its own calls only (put back after the
+    call); a plain torch.compile of a step afterwards traces value_and_grad as
+    torch.func.grad_and_value, with the same values."""
+    import torch._dynamo.config as config
+
+    p = tdfunc.TensorDict(w=torch.arange(3.0))
+    before = config.trace_autograd_ops
     tdfunc.compile(
         lambda p: tdfunc.value_and_grad(lambda q: (q["w"] ** 2).sum())(p), backend="eager"
     )(p)
-    with pytest.raises(Exception, match="trace_autograd_ops"):
-        torch.compile(
-            lambda p: tdfunc.value_and_grad(lambda q: (q["w"] ** 3).sum())(p),
-            backend="eager",
-            fullgraph=True,
-        )(p)
+    assert config.trace_autograd_ops == before
+    v, g = torch.compile(
+        lambda p: tdfunc.value_and_grad(lambda q: (q["w"] ** 3).sum())(p),
+        backend="eager",
+        fullgraph=True,
+    )(p)
+    assert v.item() == 9.0
+    assert g["w"].tolist() == [0.0, 3.0, 12.0]
 
 
 @pytest.mark.parametrize("n", [3, 5])
