@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import _collate, _control, _deprecate, nn, optim, testing
+from . import _collate, _control, _deprecate, _migration, nn, optim, testing
 from ._base import Container
 from ._control import cond, scan, while_loop
 from ._donate import DonatedError
@@ -49,6 +49,8 @@ _deprecated_getattr = _deprecate.module_getattr(
         "is_node": (lambda: is_container, "tdfunc.is_container"),
         "from_dict": (lambda: TensorDict.from_dict, "tdfunc.TensorDict.from_dict"),
     },
+    # a tensordict package-level name (tdfunc.lazy_stack...): the error names tdfunc's spelling
+    missing=lambda name: _migration.module_error(__name__, name),
 )
 _deprecate.module_path(
     f"{__name__}.tensorclass",

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from . import _errors as E
-from . import _inplace, _keys
+from . import _inplace, _keys, _migration
 from . import _ops as ops
 from ._compat import DisableTorchFunctionSubclass
 from ._dispatch import _DUNDER, _DUNDER_ALIASED, _HANDLERS, _NO_HANDLER, _PYTREE_PASSTHROUGH
@@ -220,8 +220,9 @@ class Container(Node):
 
     def __getattr__(self, name: str) -> Any:
         # reached only when the normal lookup fails: tensordict's in-place names (zero_,
-        # clamp_, update_...) raise InPlaceError naming the pure spelling (tdfunc._inplace)
-        raise _inplace.inplace_error(type(self), name)
+        # clamp_, update_...) raise InPlaceError naming the pure spelling (tdfunc._inplace),
+        # its other names an AttributeError naming the tdfunc spelling (tdfunc._migration)
+        raise _migration.attribute_error(type(self), name)
 
     __hash__ = object.__hash__
 
@@ -239,13 +240,16 @@ class Container(Node):
 
     def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
         """Keys of the entries (``None`` fields are skipped): strings at the top level, tuples
-        below it when ``include_nested``; ``leaves_only`` keeps tensor entries only.
+        below it when ``include_nested`` (a nested container after its own keys, as in
+        tensordict); ``leaves_only`` keeps tensor entries only.
 
         Example:
             >>> import torch, tdfunc
             >>> td = tdfunc.TensorDict(a=torch.zeros(1), n={"b": torch.ones(1)})
-            >>> td.keys(), td.keys(include_nested=True, leaves_only=True)
-            (['a', 'n'], ['a', ('n', 'b')])
+            >>> td.keys(), td.keys(include_nested=True)
+            (['a', 'n'], ['a', ('n', 'b'), 'n'])
+            >>> td.keys(include_nested=True, leaves_only=True)
+            ['a', ('n', 'b')]
         """
         return [k for k, _ in self.items(include_nested, leaves_only)]
 
@@ -271,13 +275,15 @@ class Container(Node):
             >>> [(k, v.shape) for k, v in td.items()]
             [('x', torch.Size([2, 3]))]
         """
-        pairs = _keys.walk(self, leaves_only=leaves_only, include_nested=include_nested)
+        pairs = _keys.walk(
+            self, leaves_only=leaves_only, include_nested=include_nested, nodes_last=True
+        )
         return [(p[0] if len(p) == 1 else p, v) for p, v in pairs]
 
     def __contains__(self, key: object) -> bool:
         return get_path(self, as_path(key), ABSENT) is not ABSENT
 
-    def select(self: T, *keys: Key, strict: bool = True) -> T:
+    def select(self: T, *keys: Key, inplace: bool = False, strict: bool = True) -> T:
         """A new container with only ``keys`` (strings or tuple paths).
 
         ``KeyError`` for a missing key when ``strict``; a tensorclass cannot lose fields, so
@@ -289,9 +295,11 @@ class Container(Node):
             >>> td.select("b").keys()
             ['b']
         """
+        if inplace:
+            raise _inplace.inplace_option_error(type(self), "select")
         return _keys.select(self, [as_path(k) for k in keys], strict)
 
-    def exclude(self: T, *keys: Key) -> T:
+    def exclude(self: T, *keys: Key, inplace: bool = False) -> T:
         """A new container without ``keys`` (missing keys are ignored).
 
         A tensorclass cannot lose a field: excluding one is a ``TypeError``.
@@ -302,6 +310,8 @@ class Container(Node):
             >>> td.exclude("a").keys()
             ['b']
         """
+        if inplace:
+            raise _inplace.inplace_option_error(type(self), "exclude")
         return _keys.exclude(self, [as_path(k) for k in keys])
 
     def rename_key(self: T, old: Key, new: Key, *, overwrite: bool = False) -> T:
@@ -541,7 +551,7 @@ class Container(Node):
         """
         return ops.unsqueeze(self, dim)
 
-    def flatten(self: T, start_dim: int = 0, end_dim: int = -1) -> T:
+    def flatten(self: T, start_dim: int = 0, end_dim: int = -1, *, inplace: bool = False) -> T:
         """Flatten a range of batch dims.
 
         Example:
@@ -550,9 +560,11 @@ class Container(Node):
             >>> td.flatten(0, 1)["x"].shape
             torch.Size([6, 4])
         """
+        if inplace:
+            raise _inplace.inplace_option_error(type(self), "flatten")
         return ops.flatten(self, start_dim, end_dim)
 
-    def unflatten(self: T, dim: int, sizes: Sequence[int]) -> T:
+    def unflatten(self: T, dim: int, sizes: Sequence[int], *, inplace: bool = False) -> T:
         """Split one batch dim into several.
 
         Example:
@@ -561,6 +573,8 @@ class Container(Node):
             >>> td.unflatten(0, (2, 3))["x"].shape
             torch.Size([2, 3, 4])
         """
+        if inplace:
+            raise _inplace.inplace_option_error(type(self), "unflatten")
         return ops.unflatten(self, dim, sizes)
 
     def expand(self: T, *shape: Any) -> T:
@@ -613,7 +627,11 @@ class Container(Node):
 
     # ---------------------------------------------------------------- transforms
     def apply(
-        self: T, fn: Callable[..., Tensor], *others: Any, batch_size: Sequence[int] | None = None
+        self: T,
+        fn: Callable[..., Tensor],
+        *others: Any,
+        batch_size: Sequence[int] | None = None,
+        inplace: bool = False,
     ) -> T:
         """``fn`` on every leaf (zipped with the leaves of ``others``, containers of the same
         structure), in a container of the same structure.
@@ -633,6 +651,8 @@ class Container(Node):
             >>> td.apply(lambda t: t.sum(0), batch_size=[]).batch_size  # a reduction over the batch dim
             torch.Size([])
         """
+        if inplace:
+            raise _inplace.inplace_option_error(type(self), "apply")
         return ops.apply(self, fn, *others, batch_size=batch_size)
 
     def named_apply(
@@ -641,6 +661,7 @@ class Container(Node):
         *others: Any,
         nested_keys: bool | None = None,
         batch_size: Sequence[int] | None = None,
+        inplace: bool = False,
     ) -> T:
         """``fn(key, leaf, *other_leaves)`` on every leaf (``others``: containers of the same
         structure). ``key`` is the tuple key path by default; ``nested_keys=True`` passes it as
@@ -653,6 +674,8 @@ class Container(Node):
             >>> td.named_apply(lambda k, x: x + len(k), nested_keys=True)["n", "b"].tolist()
             [2.0]
         """
+        if inplace:
+            raise _inplace.inplace_option_error(type(self), "named_apply")
         return ops.named_apply(self, fn, *others, nested_keys=nested_keys, batch_size=batch_size)
 
     def new_zeros(self: T, *size: Any, **kwargs: Any) -> T:
@@ -755,7 +778,7 @@ class Container(Node):
         """
         return ops.detach(self)
 
-    def contiguous(self: T) -> T:
+    def contiguous(self: T, *, inplace: bool = False) -> T:
         """Contiguous leaves.
 
         Example:
@@ -764,10 +787,25 @@ class Container(Node):
             >>> td.transpose(0, 1).contiguous()["x"].is_contiguous()
             True
         """
+        if inplace:
+            raise _inplace.inplace_option_error(type(self), "contiguous")
         return ops.contiguous(self)
 
-    def consolidate(self: T) -> T:
+    def consolidate(
+        self: T,
+        filename: Any = None,
+        *,
+        num_threads: int = 0,
+        non_blocking: bool = False,
+        inplace: bool = False,
+        **options: Any,
+    ) -> T:
         """A copy whose leaves are views into one flat buffer.
+
+        tensordict's options: ``num_threads`` and ``non_blocking`` are accepted (the result
+        does not depend on them); ``inplace=True`` raises :class:`tdfunc.InPlaceError`, and a
+        ``filename`` or another option a ``TypeError``, each naming the tdfunc spelling
+        (``tdfunc.save(td, path)`` for a file, ``td.consolidate().to(device)``...).
 
         Example:
             >>> import torch, tdfunc
@@ -776,6 +814,10 @@ class Container(Node):
             >>> c["x"].untyped_storage().data_ptr() == c["y"].untyped_storage().data_ptr()
             True
         """
+        if inplace:
+            raise _inplace.inplace_option_error(type(self), "consolidate")
+        if filename is not None or options:
+            raise _inplace.consolidate_option_error(type(self), filename, options)
         return ops.consolidate(self)
 
     def cpu(self: T) -> T:

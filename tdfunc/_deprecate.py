@@ -39,12 +39,23 @@ def attribute(obj: object, name: str) -> Callable[[], Any]:
     return lambda: getattr(obj, name)
 
 
-def module_getattr(module: str, moved: Moved) -> Callable[[str], Any]:
-    """A module ``__getattr__`` serving the deprecated names of ``module`` (PEP 562)."""
+def module_getattr(
+    module: str, moved: Moved, missing: Callable[[str], AttributeError] | None = None
+) -> Callable[[str], Any]:
+    """A module ``__getattr__`` serving the deprecated names of ``module`` (PEP 562).
+
+    Args:
+        module: the module's name.
+        moved: its deprecated names.
+        missing: the error of a name that is neither there nor deprecated (default: the plain
+            ``AttributeError``), e.g. one that names the spelling of another library's name.
+    """
 
     def __getattr__(name: str) -> Any:
         entry = moved.get(name)
         if entry is None:
+            if missing is not None:
+                raise missing(name)
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         get, new = entry
         warnings.warn(

@@ -64,7 +64,31 @@ SPECIAL: dict[str, str] = {
 #: methods whose tensordict signature takes ``inplace=True`` -> the pure spelling of that call
 INPLACE_OPTIONS: dict[str, str] = {
     "split_keys": "*parts, td = td.split_keys(keys, ...) (the last part is td without the keys)",
+    "select": "td = td.select(*keys)",
+    "exclude": "td = td.exclude(*keys)",
+    "apply": "td = td.apply(fn, *others)",
+    "named_apply": "td = td.named_apply(fn, *others)",
+    "contiguous": "td = td.contiguous()",
+    "consolidate": "td = td.consolidate()",
+    "flatten": "td = td.flatten(start_dim, end_dim)",
+    "unflatten": "td = td.unflatten(dim, sizes)",
+    "flatten_keys": "td = td.flatten_keys(separator)",
+    "unflatten_keys": "td = td.unflatten_keys(separator)",
+    "set": "td = td.set(key, value)",
+    "update": "td = td.update(other)",
 }
+
+#: tensordict's ``consolidate`` options tdfunc does not take -> the tdfunc spelling
+CONSOLIDATE_OPTIONS: dict[str, str] = {
+    "filename": "tdfunc.save(td, path) writes a container to disk; td.consolidate() keeps it in memory",
+    "device": "td.consolidate().to(device)",
+    "share_memory": "td.consolidate().apply(lambda x: x.share_memory_()) (the leaves are views of one buffer)",
+    "pin_memory": "td.consolidate().apply(lambda x: x.pin_memory())",
+    "use_buffer": "td.consolidate() (it always allocates its own buffer)",
+    "return_early": "td.consolidate() (it returns when done)",
+    "metadata": "td.consolidate() (no metadata is kept: the container is the layout)",
+}
+CONSOLIDATE_OPTION = "{cls}.consolidate() does not take tensordict's {option}=: {hint}"
 
 
 def inplace_option_error(cls: type, method: str) -> E.InPlaceError:
@@ -80,6 +104,20 @@ def inplace_option_error(cls: type, method: str) -> E.InPlaceError:
     return E.InPlaceError(
         E.INPLACE.format(cls=cls.__name__, name=name, hint=INPLACE_OPTIONS[method])
     )
+
+
+def consolidate_option_error(cls: type, filename: object, options: dict[str, object]) -> TypeError:
+    """The ``TypeError`` for a tensordict ``consolidate`` option tdfunc does not take: it names
+    the tdfunc spelling (:data:`CONSOLIDATE_OPTIONS`).
+
+    Example:
+        >>> import tdfunc
+        >>> print(consolidate_option_error(tdfunc.TensorDict, "f.bin", {}))  # doctest: +ELLIPSIS
+        TensorDict.consolidate() does not take tensordict's filename=: tdfunc.save(td, path) ...
+    """
+    option = "filename" if filename is not None else next(iter(options))
+    hint = CONSOLIDATE_OPTIONS.get(option, "td.consolidate() (no options)")
+    return TypeError(CONSOLIDATE_OPTION.format(cls=cls.__name__, option=option, hint=hint))
 
 
 def pure_spelling(cls: type, name: str) -> str | None:

@@ -123,36 +123,51 @@ def get_path(node: Any, path: KeyPath, default: Any = MISSING) -> Any:
 
 
 def walk(
-    node: Any, *, leaves_only: bool = False, include_nested: bool = True, prefix: KeyPath = ()
+    node: Any,
+    *,
+    leaves_only: bool = False,
+    include_nested: bool = True,
+    prefix: KeyPath = (),
+    nodes_last: bool = False,
 ) -> list[tuple[KeyPath, Any]]:
     """``(path, value)`` for every entry below ``node``, depth first, in key order.
 
-    Nodes come before their children; ``None`` fields are skipped. ``leaves_only`` keeps
-    only non-node values; ``include_nested=False`` stays at the top level.
+    Nodes come before their children (``nodes_last``: after them, the order of tensordict's
+    ``keys(include_nested=True)``, which ``items``/``keys``/``values`` follow); ``None``
+    fields are skipped. ``leaves_only`` keeps only non-node values (the same order either
+    way); ``include_nested=False`` stays at the top level.
 
     Example:
         >>> import torch, tdfunc
         >>> td = tdfunc.TensorDict(a=torch.zeros(2), n={"b": torch.ones(2)}, batch_size=[2])
-        >>> [p for p, _ in walk(td)]
-        [('a',), ('n',), ('n', 'b')]
+        >>> [p for p, _ in walk(td)], [p for p, _ in walk(td, nodes_last=True)]
+        ([('a',), ('n',), ('n', 'b')], [('a',), ('n', 'b'), ('n',)])
     """
     out: list[tuple[KeyPath, Any]] = []
-    _walk_into(node, prefix, leaves_only, include_nested, out)
+    _walk_into(node, prefix, leaves_only, include_nested, nodes_last, out)
     return out
 
 
 def _walk_into(
-    node: Any, prefix: KeyPath, leaves_only: bool, nested: bool, out: list[tuple[KeyPath, Any]]
+    node: Any,
+    prefix: KeyPath,
+    leaves_only: bool,
+    nested: bool,
+    nodes_last: bool,
+    out: list[tuple[KeyPath, Any]],
 ) -> None:
     for k, v in zip(node._tdf_keys(), node._tdf_children()):
         if v is None:
             continue
         path = (*prefix, k)
         sub = isinstance(v, Node)
-        if not (leaves_only and sub):
+        keep = not (leaves_only and sub)
+        if keep and not (nodes_last and sub and nested):
             out.append((path, v))
         if nested and sub:
-            _walk_into(v, path, leaves_only, nested, out)
+            _walk_into(v, path, leaves_only, nested, nodes_last, out)
+            if keep and nodes_last:
+                out.append((path, v))
 
 
 # --------------------------------------------------------------------------------------
@@ -198,7 +213,7 @@ def select(node: Any, paths: Any, strict: bool = True) -> Any:
         >>> import torch, tdfunc
         >>> td = tdfunc.TensorDict(a=torch.zeros(1), n={"b": torch.ones(1), "c": torch.ones(1)})
         >>> select(td, [("n", "b")]).keys(include_nested=True)
-        ['n', ('n', 'b')]
+        [('n', 'b'), 'n']
     """
     top, nested = _group(paths)
     keys = node._tdf_keys()

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from . import _errors as E
+from . import _inplace, _migration
 from . import _ops as ops
 from ._base import Container
 from ._compat import pytree
@@ -57,7 +58,19 @@ def convert_value(
     )
 
 
-class TensorDict(Container):
+class _TensorDictType(type):
+    """The class of ``TensorDict``: a class attribute that does not exist (a tensordict
+    classmethod such as ``TensorDict.from_module``) raises an ``AttributeError`` naming its
+    tdfunc spelling. ``__getattr__`` is reached only when the normal lookup fails, so an
+    attribute that exists costs nothing."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):  # protocol probes (copy, pickle, typing): the plain error
+            raise AttributeError(_migration.NO_CLASS_ATTRIBUTE.format(cls=cls.__name__, name=name))
+        raise _migration.attribute_error(cls, name, on_class=True)
+
+
+class TensorDict(Container, metaclass=_TensorDictType):
     """An immutable container from string keys to tensors (or nested containers) whose leading
     ``batch_size`` dims are shared by every leaf.
 
@@ -76,8 +89,9 @@ class TensorDict(Container):
     Args:
         source: a mapping of key -> value (tensor, number, numpy array, dict, TensorDict or
             tensorclass). Nested dicts become nested TensorDicts with the same batch size.
-        batch_size: the leading dims shared by every leaf (checked once, here).
-        device: if given, every leaf is moved to it.
+        batch_size: the leading dims shared by every leaf (checked once, here); the second
+            positional argument, as in tensordict: ``TensorDict(d, [4])``.
+        device: if given, every leaf is moved to it (the third positional argument).
         **kwargs: more key -> value pairs.
 
     Example:
@@ -101,7 +115,6 @@ class TensorDict(Container):
         self,
         source: Mapping[str, Any] | None = None,
         /,
-        *,
         batch_size: Sequence[int] | int | torch.Size = (),
         device: torch.device | str | None = None,
         **kwargs: Any,
@@ -274,8 +287,11 @@ class TensorDict(Container):
         return super().items(include_nested, leaves_only)
 
     # ------------------------------------------------------------------ functional updates
-    def set(self, key: KeyLike, value: Any) -> TensorDict:
+    def set(self, key: KeyLike, value: Any, *, inplace: bool = False) -> TensorDict:
         """A new TensorDict with ``value`` at ``key`` (tuple keys create nested levels).
+
+        Unlike tensordict's ``set``, ``td`` itself is left as it was: keep the result
+        (``td = td.set(key, value)``). ``inplace=True`` raises :class:`tdfunc.InPlaceError`.
 
         Example:
             >>> import torch, tdfunc
@@ -283,14 +299,25 @@ class TensorDict(Container):
             >>> td.set(("n", "c"), torch.ones(2))["n", "c"]
             tensor([1., 1.])
         """
+        if inplace:
+            raise _inplace.inplace_option_error(TensorDict, "set")
         if isinstance(key, str):  # fast path: one top-level key
             return self._tdf_set(key, value)
         return set_path(self, as_path(key), value)
 
     def update(
-        self, other: Mapping[str, Any] | TensorDict | None = None, /, **kwargs: Any
+        self,
+        other: Mapping[str, Any] | TensorDict | None = None,
+        /,
+        *,
+        inplace: bool = False,
+        **kwargs: Any,
     ) -> TensorDict:
         """A new TensorDict with the entries of ``other`` (nested mappings merged recursively).
+
+        Keyword arguments are more entries, except ``inplace`` (tensordict's option):
+        ``inplace=True`` raises :class:`tdfunc.InPlaceError`; ``td`` itself is never changed,
+        keep the result (``td = td.update(other)``).
 
         Example:
             >>> import torch, tdfunc
@@ -298,6 +325,8 @@ class TensorDict(Container):
             >>> list(td.update({"n": {"c": torch.ones(2)}}).keys(True, True))
             ['a', ('n', 'b'), ('n', 'c')]
         """
+        if inplace:
+            raise _inplace.inplace_option_error(TensorDict, "update")
         out: TensorDict = self
         pairs: list[tuple[Any, Any]] = []
         if other is not None:
@@ -355,8 +384,12 @@ class TensorDict(Container):
             data[k] = convert_value((k,), v, self._batch_size, self._device)
         return TensorDict._new(data, self._batch_size, self._device)
 
-    def flatten_keys(self, sep: str = ".") -> TensorDict:
-        """Nested TensorDicts become flat keys joined by ``sep`` (``("a", "b")`` -> ``"a.b"``).
+    def flatten_keys(
+        self, separator: str = ".", inplace: bool = False, *, sep: str | None = None
+    ) -> TensorDict:
+        """Nested TensorDicts become flat keys joined by ``separator`` (``("a", "b")`` ->
+        ``"a.b"``); ``sep`` is another name for it. ``inplace=True`` (tensordict's option)
+        raises :class:`tdfunc.InPlaceError`.
 
         Tensorclass values are kept whole. Two paths that give the same flat name (``"a.b"``
         next to ``("a", "b")``) raise ``ValueError`` naming both: no value is dropped.
@@ -367,13 +400,19 @@ class TensorDict(Container):
             >>> td.flatten_keys().keys()
             ['a.b', 'c']
         """
+        if inplace:
+            raise _inplace.inplace_option_error(TensorDict, "flatten_keys")
         data: dict[str, Any] = {}
         origin: dict[str, KeyPath] = {}
-        _flatten_into(self, (), sep, data, origin)
+        _flatten_into(self, (), separator if sep is None else sep, data, origin)
         return TensorDict._new(data, self._batch_size, self._device)
 
-    def unflatten_keys(self, sep: str = ".") -> TensorDict:
-        """Split flat keys at ``sep`` into nested TensorDicts: ``"a.b"`` -> ``("a", "b")``.
+    def unflatten_keys(
+        self, separator: str = ".", inplace: bool = False, *, sep: str | None = None
+    ) -> TensorDict:
+        """Split flat keys at ``separator`` into nested TensorDicts: ``"a.b"`` ->
+        ``("a", "b")``; ``sep`` is another name for it. ``inplace=True`` (tensordict's option)
+        raises :class:`tdfunc.InPlaceError`.
 
         The inverse of :meth:`flatten_keys` for keys and values. Nested levels are created
         with this TensorDict's batch size: extra batch dims that nested nodes had before
@@ -385,9 +424,12 @@ class TensorDict(Container):
             >>> td.unflatten_keys()["a", "b"].shape
             torch.Size([1])
         """
+        if inplace:
+            raise _inplace.inplace_option_error(TensorDict, "unflatten_keys")
+        separator = separator if sep is None else sep
         out = TensorDict._new({}, self._batch_size, self._device)
         for k, v in self._data.items():
-            out = set_path(out, tuple(k.split(sep)), v)
+            out = set_path(out, tuple(k.split(separator)), v)
         return out
 
     def to_dict(self) -> dict[str, Any]:

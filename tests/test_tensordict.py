@@ -148,7 +148,7 @@ def test_contains_with_tuple_keys():
 def test_keys_values_items():
     td = make_td()
     assert td.keys() == ["a", "b"]
-    assert td.keys(include_nested=True) == ["a", "b", ("b", "c"), ("b", "d")]
+    assert td.keys(include_nested=True) == ["a", ("b", "c"), ("b", "d"), "b"]
     assert td.keys(include_nested=True, leaves_only=True) == ["a", ("b", "c"), ("b", "d")]
     assert td.keys(leaves_only=True) == ["a"]
     vals = td.values(include_nested=True, leaves_only=True)

@@ -59,7 +59,7 @@ def test_rename_nested_onto_existing_key_same_rule():
     assert out["n"].keys() == ["d"]
     assert torch.equal(out["n", "d"], torch.zeros(2))
     moved = td.rename_key(("n", "c"), "top")
-    assert moved.keys(include_nested=True) == ["n", ("n", "d"), "top"]
+    assert moved.keys(include_nested=True) == [("n", "d"), "n", "top"]
 
 
 def test_rename_equals_exclude_then_set_and_keeps_position_in_parent():

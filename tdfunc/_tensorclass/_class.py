@@ -20,6 +20,7 @@ import optree
 import torch
 
 from .. import _errors as E
+from .. import _inplace
 from .. import _ops as ops
 from .._base import LIFTED_METHODS, Container
 from .._compat import pytree
@@ -154,7 +155,7 @@ class _TensorClass(Container):
         """
         raise NotImplementedError
 
-    def set(self, key: str | tuple[str, ...], value: Any) -> Any:
+    def set(self, key: str | tuple[str, ...], value: Any, *, inplace: bool = False) -> Any:
         """A new instance with ``value`` at ``key``: a field name, or a tuple path whose first
         element is a field holding a nested container.
 
@@ -168,6 +169,8 @@ class _TensorClass(Container):
             >>> p.extra["y"].tolist()
             [1.0, 1.0]
         """
+        if inplace:
+            raise _inplace.inplace_option_error(type(self), "set")
         return set_path(self, as_path(key), value)
 
     # ------------------------------------------------------------------ conversion
@@ -187,8 +190,11 @@ class _TensorClass(Container):
         """
         return _as_tensordict(self)
 
-    def flatten_keys(self, sep: str = ".") -> TensorDict:
-        """A flat :class:`TensorDict` of the data fields: ``self.to_tensordict().flatten_keys(sep)``.
+    def flatten_keys(
+        self, separator: str = ".", inplace: bool = False, *, sep: str | None = None
+    ) -> TensorDict:
+        """A flat :class:`TensorDict` of the data fields:
+        ``self.to_tensordict().flatten_keys(separator)`` (``sep``: another name for it).
 
         Example:
             >>> import torch, tdfunc
@@ -199,7 +205,9 @@ class _TensorClass(Container):
             >>> P(torch.zeros(2), extra={"y": torch.ones(2)}, batch_size=[2]).flatten_keys().keys()
             ['x', 'extra.y']
         """
-        return _as_tensordict(self).flatten_keys(sep)
+        if inplace:
+            raise _inplace.inplace_option_error(type(self), "flatten_keys")
+        return _as_tensordict(self).flatten_keys(separator if sep is None else sep)
 
     @classmethod
     def from_tensordict(cls: type[_C], td: Any, /, **static: Any) -> _C:
