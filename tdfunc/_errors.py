@@ -267,6 +267,13 @@ BATCHDIM_ALIGN = (
     "must have one dim per batch dim (batch_size {batch_size}); it is aligned with the batch "
     "dims and expanded over each leaf's feature dims"
 )
+PLAIN_OPERAND = (
+    "{op}: a plain tensor of shape {shape} next to a container must broadcast to its "
+    "batch_size {batch_size}: it is shaped like the batch (its dims line up with the last "
+    "batch dims, each of size 1 or that dim's size) and is expanded over each leaf's feature "
+    "dims. To broadcast it against every leaf as torch would, write it per leaf: "
+    "td.apply(lambda x: {spelling})"
+)
 BATCHDIM_MASK = (
     "{op}: the mask has shape {shape}, but it must have the container's batch_size "
     "{batch_size} (it selects batch entries, as td[mask])"

@@ -244,7 +244,9 @@ def test_randomness_modes():
     td = TensorDict({"a": torch.zeros(6, 100)}, batch_size=[6])
 
     def noisy(t: TensorDict) -> TensorDict:
-        return t + torch.rand(100)
+        # noise per leaf element: a plain tensor next to a container is shaped like the batch
+        # (here batch_size=() inside vmap), so the per-leaf spelling
+        return t.apply(lambda x: x + torch.rand(100))
 
     with pytest.raises(RuntimeError, match="randomness"):
         torch.vmap(noisy)(td)

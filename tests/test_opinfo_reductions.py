@@ -7,9 +7,9 @@ it: when the sample names dims, feature slice ``f`` of every result leaf must eq
 ``op(leaf[..., f], *args, **kwargs)`` (every dim names a batch dim); when it names none, each
 whole leaf is reduced (``op(leaf)``, a batch-shaped mask expanded over the leaf), except
 ``all``/``any``, which then give one 0-d tensor over every leaf (``td.all()``). An op lifts
-when all its samples pass; the issue's target is 95% of the family: 26 of 29 lift (89.7%),
-the 3 others are listed in ``NOT_LIFTED`` with the reason (torch.masked's own arithmetic);
-those 3 lift when every leaf has exactly the batch shape (the last test): 29 of 29 then.
+when all its samples pass: all 29 do, the ``torch.masked`` reductions that divide by a plain
+count tensor (``mean``, ``var``, ``std`` with a mask) included, since a plain tensor next to a
+container is shaped like the batch.
 
 Every sample of every op runs (about 6 s on one core); ``TDFUNC_OPINFO_SAMPLES=n`` runs the
 first ``n`` of each op.
@@ -39,18 +39,8 @@ MAX_SAMPLES = int(os.environ.get("TDFUNC_OPINFO_SAMPLES", "0")) or None
 OPS = [op for op in common.reduction_ops if not op.name.startswith("_refs.")]
 REFS = [op for op in common.reduction_ops if op.name.startswith("_refs.")]
 
-#: OpInfos that do not lift, with the reason (the test checks that they still do not)
-_COUNT_DIVIDE = (
-    "torch.masked.{} is Python code that divides the reduced container by a plain count "
-    "tensor of the reduced batch shape; arithmetic with a plain tensor keeps torch's per-leaf "
-    "(trailing) broadcasting (tensordict aligns it with the batch instead: docs/lifted-ops.md), "
-    "so the count does not line up with the batch dims of leaves that have feature dims"
-)
-NOT_LIFTED: dict[str, str] = {
-    "masked.mean": _COUNT_DIVIDE.format("mean"),
-    "masked.var": _COUNT_DIVIDE.format("var"),
-    "masked.std": _COUNT_DIVIDE.format("std"),
-}
+#: OpInfos that do not lift, with the reason (the test checks that they still do not): none
+NOT_LIFTED: dict[str, str] = {}
 
 #: Python reference implementations (``torch._refs``) take no part in ``__torch_function__``
 #: dispatch: called with a container they read tensor attributes it does not have
@@ -184,12 +174,11 @@ def test_reduction_opinfo_lifts(op: Any) -> None:
 
 
 def test_family_share() -> None:
-    """The share of the family that lifts: every OpInfo but those of ``NOT_LIFTED`` (each
-    checked above), 26 of 29 today."""
+    """The share of the family that lifts: all 29 (each checked above)."""
     names = {f"{op.name}.{op.variant_test_name}".rstrip(".") for op in OPS}
     assert set(NOT_LIFTED) <= names
     assert len(OPS) == 29
-    assert (len(OPS) - len(NOT_LIFTED)) / len(OPS) >= 26 / 29
+    assert not NOT_LIFTED
 
 
 @pytest.mark.parametrize("name", ["sum", "std", "linalg.vector_norm", "argmax", "amax"])
@@ -223,24 +212,26 @@ def test_refs_do_not_dispatch(op: Any) -> None:
     assert not ok
 
 
-@pytest.mark.parametrize("name", sorted(NOT_LIFTED))
-def test_count_dividing_masked_reductions_lift_on_leaves_of_the_batch_shape(name: str) -> None:
-    """The three of ``NOT_LIFTED`` do lift when every leaf has exactly the batch shape (the
-    sample's shape): the plain count tensor then lines up with every leaf. Every sample,
-    checked against torch on each leaf (``torch.divide`` / ``torch.subtract``, which
-    ``torch.masked`` calls, lift as torch's aliases of ``div`` / ``sub``)."""
-    op = next(o for o in OPS if f"{o.name}.{o.variant_test_name}".rstrip(".") == name)
-    checked = 0
-    for s in _samples(op, MAX_SAMPLES):
-        x = s.input
-        td = tdfunc.TensorDict(
-            a=x, n=tdfunc.TensorDict(b=2 * x - 1, batch_size=x.shape), batch_size=x.shape
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            got = op.op(td, *s.args, **s.kwargs)
-            for key, leaf in ((("a",), x), (("n", "b"), 2 * x - 1)):
-                want = op.op(leaf, *s.args, **s.kwargs)
-                torch.testing.assert_close(got.get(key), want, equal_nan=True)
-        checked += 1
-    assert checked > 0
+#: the ``torch.masked`` reductions that divide the reduced container by a plain count tensor
+_COUNT_DIVIDING = ["masked.mean", "masked.var", "masked.std"]
+
+
+@pytest.mark.parametrize("name", _COUNT_DIVIDING)
+def test_count_dividing_masked_reductions_are_exact_with_feature_dims(name: str) -> None:
+    """``torch.masked.mean`` / ``var`` / ``std`` with a mask divide the reduced container by
+    a plain count tensor of the reduced batch shape (``torch.divide``, a lifted alias of
+    ``div``): the count is shaped like the batch, so on a leaf ``[4, 4, 4]`` (batch
+    ``[4, 4]``) it divides batch positions, not the last dim, where the sizes coincide. Each
+    feature slice equals torch on that slice; a leaf of the batch shape too."""
+    op = next(o for o in OPS if o.name == name)
+    g = torch.Generator().manual_seed(0)
+    x, m = torch.rand(4, 4, 4, generator=g), torch.rand(4, 4, generator=g) > 0.3
+    td = tdfunc.TensorDict(a=x, r=x[..., 0], batch_size=[4, 4])
+    before = td.clone()
+    for dim in (0, 1):
+        got = op.op(td, dim, mask=m)
+        want = torch.stack([op.op(x[..., f], dim, mask=m) for f in range(4)], -1)
+        assert got.batch_size == (4,)
+        torch.testing.assert_close(got["a"], want, equal_nan=True)
+        torch.testing.assert_close(got["r"], want[..., 0], equal_nan=True)
+    tdfunc.testing.assert_close(td, before)

@@ -77,52 +77,41 @@ def test_mask_with_more_dims_than_the_batch_broadcasts_as_torch():
     torch.testing.assert_close(torch.where(mask, td1, 0.0)["a"], torch.where(mask, td["a"], 0.0))
 
 
-def test_arithmetic_with_a_tensor_keeps_torch_broadcasting():
+def test_arithmetic_with_a_tensor_is_shaped_like_the_batch():
+    """A plain tensor next to a container lines up with the batch dims, not with each leaf's
+    last dims: ``w`` of shape ``[4]`` on ``batch_size=[3]`` is refused even where torch would
+    broadcast it against a leaf ``[3, 4]`` (tests/test_alignment.py has every row)."""
     td = tdfunc.TensorDict(a=torch.randn(3, 4), batch_size=[3])
-    t = torch.randn(4)
-    torch.testing.assert_close(torch.add(td, t)["a"], td["a"] + t)
+    with pytest.raises(ValueError, match=r"shape \(4,\) .* batch_size \(3,\)"):
+        torch.add(td, torch.randn(4))
+    w = torch.randn(3)
+    torch.testing.assert_close(torch.add(td, w)["a"], td["a"] + w[:, None])
+    torch.testing.assert_close((td + w)["a"], td["a"] + w[:, None])
 
 
-def test_arithmetic_with_a_batch_shaped_tensor_differs_from_tensordict_as_documented():
-    """docs/lifted-ops.md: tensordict aligns a batch-shaped plain tensor with the batch dims in
-    arithmetic, tdfunc keeps torch's per-leaf broadcasting; the documented spelling of
-    per-sample weights gives tensordict's values."""
+def test_arithmetic_with_a_batch_shaped_tensor_equals_tensordict():
+    """Where a leaf's last dim has the batch's size (``[3, 3]`` with ``w`` ``[3]``) tdfunc
+    computes what tensordict computes: ``w`` scales the rows."""
     tensordict = pytest.importorskip("tensordict")
     w = torch.tensor([1.0, 2.0, 3.0])
     square, wide = torch.rand(3, 3), torch.rand(3, 4)
-    ours = tdfunc.TensorDict(a=square, batch_size=[3]) * w
-    theirs = tensordict.TensorDict(a=square, batch_size=[3]) * w
-    torch.testing.assert_close(ours["a"], square * w)  # w scales the last dim
-    torch.testing.assert_close(theirs["a"], square * w[:, None])  # tensordict: the rows
-    with pytest.raises(RuntimeError, match="size of tensor"):
-        tdfunc.TensorDict(a=wide, batch_size=[3]) * w
-    td = tdfunc.TensorDict(a=square, b=wide, r=torch.rand(3), batch_size=[3])
-    spelled = td.apply(lambda x: x * w.reshape(w.shape + (1,) * (x.ndim - w.ndim)))
-    want = tensordict.TensorDict(a=square, b=wide, r=td["r"], batch_size=[3]) * w
-    for k in ("a", "b", "r"):
-        torch.testing.assert_close(spelled[k], want[k])
+    ours = tdfunc.TensorDict(a=square, b=wide, batch_size=[3]) * w
+    theirs = tensordict.TensorDict(a=square, b=wide, batch_size=[3]) * w
+    for k in ("a", "b"):
+        torch.testing.assert_close(ours[k], theirs[k])
+    torch.testing.assert_close(ours["a"], square * w[:, None])
 
 
-def test_masked_mean_with_a_mask_on_feature_dims_is_reduced_per_leaf_as_documented():
-    """docs/lifted-ops.md: ``torch.masked.mean(td, 0, mask=m)`` divides by a plain count that
-    lines up with a leaf's last dims (wrong when the sizes coincide); the documented per-leaf
-    spelling equals torch on every feature slice."""
+def test_masked_mean_with_a_mask_on_feature_dims_is_exact():
+    """``torch.masked.mean(td, 0, mask=m)`` divides by a plain count shaped like the batch:
+    exact on a leaf with feature dims whose size coincides with the batch's."""
     g = torch.Generator().manual_seed(0)
     x, m = torch.rand(4, 4, 4, generator=g), torch.rand(4, 4, generator=g) > 0.3
     td = tdfunc.TensorDict(a=x, r=x[..., 0], batch_size=[4, 4])
     want = torch.stack([torch.masked.mean(x[..., f], 0, mask=m) for f in range(4)], -1)
-
-    def masked_mean0(x: torch.Tensor) -> torch.Tensor:
-        return torch.masked.mean(
-            x, 0, mask=m.reshape(m.shape + (1,) * (x.ndim - m.ndim)).expand_as(x)
-        )
-
-    out = td.apply(masked_mean0, batch_size=td.batch_size[1:])
-    torch.testing.assert_close(out["a"], want)
-    torch.testing.assert_close(out["r"], want[..., 0])
     direct = torch.masked.mean(td, 0, mask=m)
-    torch.testing.assert_close(direct["r"], want[..., 0])  # a leaf of the batch shape: right
-    assert not torch.allclose(direct["a"], want)  # the documented limitation
+    torch.testing.assert_close(direct["a"], want)
+    torch.testing.assert_close(direct["r"], want[..., 0])
 
 
 def test_align_to_batch():

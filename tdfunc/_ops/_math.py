@@ -1,6 +1,13 @@
 """Elementwise arithmetic: ``binary`` / ``unary`` / ``elementwise`` (with one
 ``torch._foreach_*`` call where valid) and ``as_operand``. Reductions live with the other ops
 over batch dims in :mod:`._batchdim`.
+
+The rule for a plain tensor operand next to a container lives here too
+(:func:`check_plain_operand`, :func:`batch_view`), shared by the operators and the pointwise
+family (:func:`tdfunc._ops._pointwise.lift`): a plain tensor is shaped like the batch. It
+must broadcast to the batch size (its dims line up with the *last* batch dims, each of size
+1 or that dim's size), and it is expanded over each leaf's feature dims. Python numbers and
+0-d tensors are scalars and go to every leaf as they are.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import _errors as E
 from .._compat import (
     foreach_add,
     foreach_div,
@@ -30,6 +38,94 @@ _is_batched = is_batchedtensor
 #: guard on every compiled call (a function reached two ways costs no such guard)
 _is_grad_enabled = torch.is_grad_enabled
 _requires_grad = operator.attrgetter("requires_grad")
+
+
+# --------------------------------------------------------------------------------------
+# a plain tensor operand: shaped like the batch
+# --------------------------------------------------------------------------------------
+#: the operators' symbols, for the per-leaf spelling an error suggests
+_SYMBOLS: dict[Any, str] = {
+    operator.add: "+",
+    operator.sub: "-",
+    operator.mul: "*",
+    operator.truediv: "/",
+    operator.floordiv: "//",
+    operator.mod: "%",
+    operator.pow: "**",
+    operator.and_: "&",
+    operator.or_: "|",
+    operator.xor: "^",
+    operator.eq: "==",
+    operator.ne: "!=",
+    operator.lt: "<",
+    operator.le: "<=",
+    operator.gt: ">",
+    operator.ge: ">=",
+}
+
+
+def fits_batch(shape: Sequence[int], batch_size: Sequence[int]) -> bool:
+    """Whether a tensor of ``shape`` broadcasts to ``batch_size`` without growing it: at most
+    as many dims as the batch, lined up with its last dims, each of size 1 or that dim's.
+
+    Example:
+        >>> fits_batch((3,), (2, 3)), fits_batch((2, 1), (2, 3)), fits_batch((2,), (2, 3))
+        (True, True, False)
+    """
+    n, bd = len(shape), len(batch_size)
+    if n > bd:
+        return False
+    return all(d == 1 or d == b for d, b in zip(shape, batch_size[bd - n :]))
+
+
+def check_plain_operand(w: Tensor, batch_size: torch.Size, op: Any, spelling: str) -> None:
+    """``ValueError`` unless the plain tensor ``w`` fits the batch (:func:`fits_batch`);
+    ``spelling`` is the per-leaf call the message suggests (``x * w``).
+
+    Example:
+        >>> import torch
+        >>> check_plain_operand(torch.ones(3), torch.Size([2, 3]), "mul", "x * w")
+        >>> check_plain_operand(torch.ones(2), torch.Size([2, 3]), "mul", "x * w")
+        Traceback (most recent call last):
+        ...
+        ValueError: mul: a plain tensor of shape (2,) next to a container must broadcast to ...
+    """
+    if not fits_batch(w.shape, batch_size):
+        raise ValueError(
+            E.PLAIN_OPERAND.format(
+                op=op if isinstance(op, str) else getattr(op, "__name__", str(op)),
+                shape=tuple(w.shape),
+                batch_size=tuple(batch_size),
+                spelling=spelling,
+            )
+        )
+
+
+def op_spelling(op: Any, swapped: bool) -> str:
+    """How a per-leaf call of ``op`` with the plain tensor ``w`` reads (error path only)."""
+    sym = _SYMBOLS.get(op)
+    if sym is not None:
+        return f"w {sym} x" if swapped else f"x {sym} w"
+    name = getattr(op, "__name__", str(op))
+    return f"torch.{name}(w, x)" if swapped else f"torch.{name}(x, w)"
+
+
+def batch_view(w: Tensor, batch_ndim: int, leaf_ndim: int) -> Tensor:
+    """``w`` (a tensor that fits the batch) as a view with one trailing 1 per feature dim of a
+    leaf of ``leaf_ndim`` dims: torch's broadcasting then lines its dims up with the batch
+    dims and expands it over the feature dims.
+
+    Example:
+        >>> import torch
+        >>> batch_view(torch.ones(3), 2, 4).shape  # batch (2, 3), leaf (2, 3, 5, 6)
+        torch.Size([3, 1, 1])
+    """
+    return w.reshape(w.shape + (1,) * (leaf_ndim - batch_ndim))
+
+
+def _is_plain(v: Any) -> bool:
+    """A plain tensor with dims (0-d tensors are scalars)."""
+    return isinstance(v, Tensor) and v.ndim > 0
 
 
 # --------------------------------------------------------------------------------------
@@ -114,10 +210,9 @@ def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
             and _can_foreach(ls)
         ):
             return with_leaves(a, f(ls, b))
-        out = [op(x, b) for x in ls]
-        if isinstance(b, Tensor) and b.ndim > 0:
-            check_batch_invariant(a, out, a._batch_size, getattr(op, "__name__", "op"))
-        return with_leaves(a, out)
+        if _is_plain(b):  # shaped like the batch
+            return with_leaves(a, _with_plain(op, ls, b, a._batch_size, False))
+        return with_leaves(a, [op(x, b) for x in ls])
     ls = leaves(b)
     if (
         op in _COMMUTATIVE
@@ -127,10 +222,27 @@ def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     ):
         # ``lr * grads``: a number times (plus) every leaf is one foreach call
         return with_leaves(b, _FOREACH[op](ls, a))
-    out = [op(a, x) for x in ls]
-    if isinstance(a, Tensor) and a.ndim > 0:
-        check_batch_invariant(b, out, b._batch_size, getattr(op, "__name__", "op"))
-    return with_leaves(b, out)
+    if _is_plain(a):
+        return with_leaves(b, _with_plain(op, ls, a, b._batch_size, True))
+    return with_leaves(b, [op(a, x) for x in ls])
+
+
+def _with_plain(
+    op: Callable[[Any, Any], Any], ls: list[Tensor], w: Tensor, bs: torch.Size, swapped: bool
+) -> list[Any]:
+    """``op(leaf, w)`` (``op(w, leaf)`` when ``swapped``) for every leaf, ``w`` a plain tensor
+    shaped like the batch: checked once, viewed once per leaf rank."""
+    if not fits_batch(w.shape, bs):
+        check_plain_operand(w, bs, op, op_spelling(op, swapped))
+    bd = len(bs)
+    views: dict[int, Tensor] = {}
+    out = []
+    for x in ls:
+        v = views.get(x.ndim)
+        if v is None:
+            v = views[x.ndim] = batch_view(w, bd, x.ndim)
+        out.append(op(v, x) if swapped else op(x, v))
+    return out
 
 
 def unary(op: Callable[[Tensor], Tensor], node: Any) -> Any:
@@ -139,16 +251,47 @@ def unary(op: Callable[[Tensor], Tensor], node: Any) -> Any:
 
 
 def elementwise(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """Call a torch elementwise function with node arguments replaced by their leaves."""
+    """Call a torch elementwise function with node arguments replaced by their leaves; a plain
+    tensor argument is shaped like the batch (:func:`check_plain_operand`, :func:`batch_view`).
+
+    Example:
+        >>> import operator, torch, tdfunc
+        >>> td = tdfunc.TensorDict(a=torch.ones(2, 3), batch_size=[2])
+        >>> elementwise(operator.mul, (td, torch.tensor([1.0, 2.0])), {})["a"].tolist()
+        [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
+    """
     nodes = [a for a in args if is_node(a)]
+    if kwargs:
+        nodes += [v for v in kwargs.values() if is_node(v)]
     ref = nodes[0]
     for n in nodes[1:]:
         check_same_structure(ref, n, getattr(func, "__name__", "op"))
+    bs = ref._batch_size
+    plain = [i for i, a in enumerate(args) if _is_plain(a)]
+    kplain = [k for k, v in kwargs.items() if _is_plain(v)] if kwargs else []
+    for i in plain:
+        if not fits_batch(args[i].shape, bs):
+            w_first = not any(is_node(a) for a in args[:i])
+            check_plain_operand(args[i], bs, func, op_spelling(func, w_first))
+    for k in kplain:
+        if not fits_batch(kwargs[k].shape, bs):
+            name = getattr(func, "__name__", "f")
+            check_plain_operand(kwargs[k], bs, func, f"torch.{name}(x, {k}=w)")
     cols = [leaves(a) if is_node(a) else None for a in args]
-    n_leaves = len(next(c for c in cols if c is not None))
+    kcols = {k: leaves(v) for k, v in kwargs.items() if is_node(v)} if kwargs else {}
+    ls = leaves(ref)
+    bd = len(bs)
     out = []
-    for i in range(n_leaves):
-        call_args = [c[i] if c is not None else a for a, c in zip(args, cols)]
-        out.append(func(*call_args, **kwargs))
-    check_batch_invariant(ref, out, ref._batch_size, getattr(func, "__name__", "op"))
+    for j, x in enumerate(ls):
+        call_args = [c[j] if c is not None else a for a, c in zip(args, cols)]
+        for i in plain:
+            call_args[i] = batch_view(args[i], bd, x.ndim)
+        kw = kwargs
+        if kcols or kplain:
+            kw = {k: (kcols[k][j] if k in kcols else v) for k, v in kwargs.items()}
+            for k in kplain:
+                kw[k] = batch_view(kwargs[k], bd, x.ndim)
+        out.append(func(*call_args, **kw))
+    if len(nodes) > 1:  # containers of one structure but other batch sizes may broadcast
+        check_batch_invariant(ref, out, bs, getattr(func, "__name__", "op"))
     return with_leaves(ref, out)

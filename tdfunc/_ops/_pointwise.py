@@ -13,11 +13,15 @@ ATen leaves untagged (:data:`_COMPOSITE_POINTWISE`, each with its reason), and t
 The rule (:func:`lift`) is written once against the leaves-plus-structure protocol:
 
 - container operands must have the same structure; the result has it too;
-- a plain tensor argument is broadcast by torch against each leaf, as it is against a
-  tensor (``td + t``), **except** the arguments the schema names ``condition`` or ``mask``
-  (``torch.where``, ``masked_fill``): a mask with at most as many dims as the batch aligns
-  with the *leading* batch dims and expands over each leaf's feature dims
-  (:func:`align_to_batch`), as in tensordict;
+- a plain tensor argument is shaped like the batch, as in tensordict: it must broadcast to
+  the batch size (its dims line up with the *last* batch dims, each of size 1 or that dim's
+  size; ``ValueError`` otherwise) and is expanded over each leaf's feature dims (``td * w``
+  with ``w`` of shape ``[3]`` on ``batch_size=[2, 3]`` scales along batch dim 1, whatever
+  the leaves' feature dims). Numbers and 0-d tensors are scalars;
+- the arguments the schema names ``condition`` or ``mask`` (``torch.where``,
+  ``masked_fill``) select batch positions: a mask with at most as many dims as the batch
+  aligns with the *leading* batch dims and expands over each leaf's feature dims
+  (:func:`align_to_batch`), as in tensordict; one with more dims is broadcast by torch;
 - one argument and no options: one ``torch._foreach_*`` call over the leaves where torch
   has the twin (``exp``, ``sigmoid``, ``abs`` ...), per-leaf calls inside ``torch.vmap``;
 - results that torch returns as a tuple (``frexp``) come back as a tuple of containers.
@@ -36,7 +40,7 @@ from torch import Tensor
 from .._compat import OpOverload, OpOverloadPacket, unary_foreach
 from .._tree import flat_leaves, is_node, leaves, rebuild_flat, with_leaves
 from .._twins import constant_when_traced, traced_as
-from ._math import _can_foreach
+from ._math import _can_foreach, check_plain_operand, fits_batch
 from ._structure import check_batch_invariant, check_same_structure
 
 #: ``isinstance(x, Tensor)`` under another name: traced code that also reads ``_tree``'s
@@ -197,6 +201,11 @@ def _build() -> tuple[dict[Any, _Rule], dict[str, Any]]:
     methods: dict[str, Any] = {}
     for name, f, method in _candidates():
         if f in table:
+            # ``Tensor.__neg__`` is ``Tensor.neg`` (``__pos__`` is ``positive``): the
+            # operator's name comes first in ``dir(Tensor)``, the method's name is the same
+            # callable and rule, and still a container method
+            if method and name not in methods and table[f].name == name:
+                methods[name] = f
             continue
         if method and _is_cast(name, f):
             table[f] = _Rule(f, name, (), frozenset())
@@ -310,17 +319,73 @@ _UNARY_FUNCTIONS: dict[str, Callable[..., Tensor]] = {
 
 
 def _may_grow(
-    args: tuple[Any, ...], kwargs: dict[str, Any], masks: list[int], kmasks: list[str], bs: Any
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    mask_pos: tuple[int, ...],
+    mask_names: frozenset[str],
+    bs: Any,
 ) -> bool:
-    """Whether a result may not start with the batch dims: a plain tensor with dims that is
-    not an aligned mask, or a mask that does not broadcast to the batch unchanged."""
-    for i, v in enumerate(args):
-        if _is_tensor(v) and v.ndim > 0 and (i not in masks or v.shape != bs[: v.ndim]):
-            return True
-    for k, v in kwargs.items():
-        if _is_tensor(v) and v.ndim > 0 and (k not in kmasks or v.shape != bs[: v.ndim]):
+    """Whether a result may not start with the batch dims: a mask with dims that does not
+    name leading batch positions of the batch size as it is (more dims than the batch, which
+    torch broadcasts, or other sizes). Plain tensors are checked against the batch before."""
+    for i in mask_pos:
+        if i < len(args):
+            v = args[i]
+            if _is_tensor(v) and v.ndim > 0 and v.shape != bs[: v.ndim]:
+                return True
+    for k in mask_names:
+        v = kwargs.get(k)
+        if _is_tensor(v) and v.ndim > 0 and v.shape != bs[: v.ndim]:
             return True
     return False
+
+
+def _aligned(
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    mask_pos: tuple[int, ...],
+    mask_names: frozenset[str],
+    bs: Any,
+    name: str,
+) -> tuple[list[tuple[int, int]], list[tuple[str, int]]]:
+    """The tensor arguments that get a view per leaf rank, each with the number of leading
+    leaf dims its own dims stand for (the view adds a trailing 1 per leaf dim past them):
+
+    - a mask (``condition``, ``mask``) with at most as many dims as the batch: its own
+      ndim (it names *leading* batch positions);
+    - any other tensor with dims, a plain operand: the batch ndim (it is shaped like the
+      batch, right-aligned within it: checked here, ``ValueError`` otherwise).
+
+    A mask with more dims than the batch is left to torch's broadcasting."""
+    bd = len(bs)
+    pos: list[tuple[int, int]] = []
+    for i, v in enumerate(args):
+        if _is_tensor(v) and v.ndim > 0:
+            if i in mask_pos:
+                if v.ndim <= bd:
+                    pos.append((i, v.ndim))
+            else:
+                if not fits_batch(v.shape, bs):
+                    check_plain_operand(v, bs, name, _spelling(name, i, args))
+                pos.append((i, bd))
+    kpos: list[tuple[str, int]] = []
+    if kwargs:
+        for k, v in kwargs.items():
+            if _is_tensor(v) and v.ndim > 0:
+                if k in mask_names:
+                    if v.ndim <= bd:
+                        kpos.append((k, v.ndim))
+                else:
+                    if not fits_batch(v.shape, bs):
+                        check_plain_operand(v, bs, name, f"torch.{name}(x, {k}=w)")
+                    kpos.append((k, bd))
+    return pos, kpos
+
+
+def _spelling(name: str, i: int, args: tuple[Any, ...]) -> str:
+    """The per-leaf call an error suggests for the plain tensor at position ``i``."""
+    shown = ["x" if is_node(a) else "w" if j == i else "..." for j, a in enumerate(args)]
+    return f"torch.{name}({', '.join(shown)})"
 
 
 def _one_container(
@@ -329,12 +394,12 @@ def _one_container(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     pos: int,
-    masks: list[int],
-    kmasks: list[str],
+    views: list[tuple[int, int]],
+    kviews: list[tuple[str, int]],
 ) -> list[Any]:
     """:func:`lift`'s common case: one container, given by position. The arguments of each
-    leaf's call are one list per leaf rank (the masks aligned to that rank once), with the
-    leaf put in place: no per-leaf list or dict is built."""
+    leaf's call are one list per leaf rank (the masks and plain tensors viewed for that rank
+    once), with the leaf put in place: no per-leaf list or dict is built."""
     calls: dict[int, tuple[list[Any], dict[str, Any]]] = {}
     out = []
     for leaf in ls:
@@ -342,13 +407,13 @@ def _one_container(
         call = calls.get(nd)
         if call is None:
             a = list(args)
-            for i in masks:
+            for i, lead in views:
                 m = args[i]
-                a[i] = m.reshape(m.shape + (1,) * (nd - m.ndim))
+                a[i] = m.reshape(m.shape + (1,) * (nd - lead))
             kw = {**kwargs}  # not dict(kwargs): Dynamo traces that through a polyfill (guards)
-            for k in kmasks:
+            for k, lead in kviews:
                 m = kwargs[k]
-                kw[k] = m.reshape(m.shape + (1,) * (nd - m.ndim))
+                kw[k] = m.reshape(m.shape + (1,) * (nd - lead))
             call = calls[nd] = (a, kw)
         a, kw = call
         a[pos] = leaf
@@ -365,7 +430,8 @@ def lift(
     mask_names: frozenset[str] = frozenset(),
 ) -> Any:
     """``func(*args, **kwargs)`` leaf by leaf: container arguments give their leaves (same
-    structure required), masks align with the batch dims, other values go to every call.
+    structure required), masks align with the leading batch dims, a plain tensor is shaped
+    like the batch (right-aligned within it), numbers go to every call.
 
     Example:
         >>> import torch, tdfunc
@@ -373,6 +439,8 @@ def lift(
         >>> mask = torch.tensor([True, False])
         >>> lift(torch.where, "where", (mask, td, 0.0), {}, (0,))["a"].tolist()
         [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
+        >>> lift(torch.mul, "mul", (td, torch.tensor([1.0, 2.0])), {})["a"].tolist()
+        [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
     """
     if len(args) == 1 and not kwargs and name in unary_foreach:
         return unary(name, args[0])
@@ -383,50 +451,45 @@ def lift(
     for n in nodes[1:]:
         check_same_structure(ref, n, name)
     ls = leaves(ref)
-    bd = len(ref._batch_size)
-    masks = [i for i in mask_pos if i < len(args) and _is_tensor(args[i]) and args[i].ndim <= bd]
-    kmasks = [k for k in mask_names if _is_tensor(kwargs.get(k)) and kwargs[k].ndim <= bd]
+    bs = ref._batch_size
+    views, kviews = _aligned(args, kwargs, mask_pos, mask_names, bs, name)
     pos = -1
     if len(nodes) == 1:  # where is it? (by identity: == on a container compares leaves)
         for i, a in enumerate(args):
             if a is ref:
                 pos = i
     if pos >= 0:
-        out = _one_container(func, ls, args, kwargs, pos, masks, kmasks)
-        if out and isinstance(out[0], tuple):
-            return _tuple_result(ref, out)
-        if _may_grow(args, kwargs, masks, kmasks, ref._batch_size):
-            check_batch_invariant(ref, out, ref._batch_size, name)
-        return with_leaves(ref, out)
-    acols = [ls if a is ref else leaves(a) if is_node(a) else None for a in args]
-    kcols = {k: ls if v is ref else leaves(v) for k, v in kwargs.items() if is_node(v)}
-    if not masks and not kmasks and not kcols:
-        out = [
-            func(*[c[j] if c is not None else v for v, c in zip(args, acols)], **kwargs)
-            for j in range(len(ls))
-        ]
+        out = _one_container(func, ls, args, kwargs, pos, views, kviews)
     else:
-        # a mask as a view with one trailing 1 per feature dim (torch broadcasts it over the
-        # leaf), made once per leaf rank
-        views: dict[tuple[Any, int], Tensor] = {}
+        acols = [ls if a is ref else leaves(a) if is_node(a) else None for a in args]
+        kcols = {k: ls if v is ref else leaves(v) for k, v in kwargs.items() if is_node(v)}
+        if not views and not kviews and not kcols:
+            out = [
+                func(*[c[j] if c is not None else v for v, c in zip(args, acols)], **kwargs)
+                for j in range(len(ls))
+            ]
+        else:
+            # an aligned tensor as a view with one trailing 1 per leaf dim past those it
+            # stands for (torch broadcasts it over the leaf), made once per leaf rank
+            cache: dict[tuple[Any, int], Tensor] = {}
 
-        def aligned(m: Tensor, key: Any, ndim: int) -> Tensor:
-            v = views.get((key, ndim))
-            if v is None:
-                v = views[(key, ndim)] = m.reshape(m.shape + (1,) * (ndim - m.ndim))
-            return v
+            def view(m: Tensor, key: Any, lead: int, ndim: int) -> Tensor:
+                v = cache.get((key, ndim))
+                if v is None:
+                    v = cache[(key, ndim)] = m.reshape(m.shape + (1,) * (ndim - lead))
+                return v
 
-        out = []
-        for j, leaf in enumerate(ls):
-            a = [c[j] if c is not None else v for v, c in zip(args, acols)]
-            for i in masks:
-                a[i] = aligned(args[i], i, leaf.ndim)
-            kw = {k: (kcols[k][j] if k in kcols else v) for k, v in kwargs.items()}
-            for k in kmasks:
-                kw[k] = aligned(kwargs[k], k, leaf.ndim)
-            out.append(func(*a, **kw))
+            out = []
+            for j, leaf in enumerate(ls):
+                a = [c[j] if c is not None else v for v, c in zip(args, acols)]
+                for i, lead in views:
+                    a[i] = view(args[i], i, lead, leaf.ndim)
+                kw = {k: (kcols[k][j] if k in kcols else v) for k, v in kwargs.items()}
+                for k, lead in kviews:
+                    kw[k] = view(kwargs[k], k, lead, leaf.ndim)
+                out.append(func(*a, **kw))
     if out and isinstance(out[0], tuple):
         return _tuple_result(ref, out)
-    if _may_grow(args, kwargs, masks, kmasks, ref._batch_size):
-        check_batch_invariant(ref, out, ref._batch_size, name)
+    if _may_grow(args, kwargs, mask_pos, mask_names, bs):
+        check_batch_invariant(ref, out, bs, name)
     return with_leaves(ref, out)
