@@ -78,7 +78,7 @@ def _consumed_class(cls: type) -> type:
 
 def _nodes(node: Any, out: list[Any]) -> list[Any]:
     out.append(node)
-    for v in node._tdf_children():
+    for v in node._data.values() if node._tdf_dict_layout else node._tdf_children():
         if isinstance(v, Node):
             _nodes(v, out)
     return out

@@ -491,3 +491,32 @@ def test_consumed_grads_are_refused_on_the_planned_path() -> None:
         optim.step(opt, g, s, p, donate=True)
     assert not is_consumed(p)
     assert not is_consumed(s)
+
+
+def test_the_plan_walks_each_new_grads_container(monkeypatch: Any) -> None:
+    opt, grads, p, s = _planned_loop()
+    full = FullSteps(monkeypatch)
+    ref_p, ref_s = p.clone(), s.clone()
+    for _ in range(3):  # new grads containers every step (as value_and_grad returns)
+        g = grads.apply(lambda x: x.clone())
+        p, s = optim.step(opt, g, s, p, donate=True)
+        u, ref_s = opt.update(g, ref_s, ref_p)
+        ref_p = optim.apply_updates(ref_p, u)
+    assert full.n == 0
+    tdfunc.testing.assert_close(p, ref_p, rtol=1e-6, atol=1e-7)
+    tdfunc.testing.assert_close(s, ref_s, rtol=1e-6, atol=1e-7)
+    # the same leaves and names, another nesting: the plan's structure walk refuses it, and
+    # the full path names the keys
+    flat = tdfunc.TensorDict(
+        {"layer.weight": grads["layer", "weight"], "layer.bias": grads["layer", "bias"]},
+        out=grads["out"],
+    )
+    with pytest.raises(tdfunc.StructureError):
+        optim.step(opt, flat, s, p, donate=True)
+    assert full.n == 1
+    assert not is_consumed(p)
+    # the same leaves in another params container of the same structure: planned
+    p2 = p.apply(lambda x: x)
+    p3, s = optim.step(opt, grads, s, p2, donate=True)
+    assert full.n == 1
+    assert p3["out"] is p["out"]

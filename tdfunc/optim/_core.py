@@ -724,10 +724,8 @@ def build(
         def remember(grads: Any, params: Any, state: Any) -> None:
             """Keep the plan of the containers a donated fused step just returned, after
             :func:`tdfunc.optim.step` checked its inputs in full."""
-            names: list[str] = []
-            zip_leaves([grads], names)
             count = state._tdf_get(tag, None)._tdf_get("step", None)
-            plan[0] = _plan.record(names, params, state, count)
+            plan[0] = _plan.record(params, state, count)
 
         def planned_step(grads: Any, state: Any, params: Any) -> Any:
             """The donated fused step over the containers the last one returned, without
@@ -735,13 +733,14 @@ def build(
             p = plan[0]
             if p is None or not _plan.holds(p, state) or not is_node(grads) or grads._batch_size:
                 return None
-            names: list[str] = []
-            lists = zip_leaves([grads, params], names) if is_node(params) else None
-            if lists is None:
+            lg: list[Tensor] = []
+            if not _plan.walk(grads, p.spec, lg):  # one walk: the structure and the leaves
                 return None
-            lg, lp = lists
+            lp = _plan.params_leaves(p, params)
+            if lp is None:
+                return None
             ls = leaves(state)
-            if not _plan.matches(p, names, lg, lp, ls):
+            if not _plan.matches(p, lg, lp, ls):
                 return None
             inner = state._tdf_get(tag, None)
             count = inner._tdf_get("step", None)
@@ -755,7 +754,7 @@ def build(
             if p.count_at >= 0:
                 ls[p.count_at] = count + 1
             out = map_leaves(params, lp), map_leaves(state, ls)
-            plan[0] = _plan.after(p, lp, ls, count, out[1])
+            plan[0] = _plan.after(p, lp, ls, count, *out)
             return out
 
         update.fused = fused_step  # type: ignore[attr-defined]  # read by optim.step
