@@ -25,6 +25,7 @@ import torch
 
 import tdfunc
 from tdfunc import distributed as tdd
+from tdfunc._shapes import MAX_BYTES, SHAPE_BYTES, SHAPE_UNSAVED
 from tdfunc.distributed._checkpoint import api as ck
 from tdfunc.distributed._checkpoint import store
 from tdfunc.distributed._common import errors as E
@@ -238,6 +239,39 @@ def test_inconsistent_chunk_entries(tmp_path: Path, case: str) -> None:
     with pytest.raises(tdd.CheckpointDigestError) as d:
         tdd.load_checkpoint(root, digest=digest)
     assert digest in str(d.value)
+
+
+@pytest.mark.parametrize("shape", [[1 << 40, 1 << 40, 0], [0, 1 << 32, 1 << 32], [1 << 61, 0]])
+def test_a_forged_shape_never_reaches_torch(tmp_path: Path, shape: list[int]) -> None:
+    """A leaf without elements whose other dims hold more bytes than any tensor (torch's
+    storage size computation overflows on the first two) is corrupt, named with its shape
+    and the limit, on every path that reads the manifest."""
+    root, _, digest = _saved(tmp_path)
+    m = _manifest(root)
+    next(e for e in m["leaves"] if e["name"] == "a").update(shape=shape, chunks=[])
+    _reseal(root, m)
+    detail = "leaf 'a': " + SHAPE_BYTES.format(shape=shape, dtype=torch.float32, limit=MAX_BYTES)
+    want = E.CKPT_CORRUPT.format(path=root, file=_vdir(root) / store.MANIFEST, detail=detail)
+    for read in (
+        lambda: tdd.load_checkpoint(root),
+        lambda: tdd.load_checkpoint(root, verify=False),
+        lambda: tdd.export_safetensors(root, tmp_path / "x.safetensors"),
+    ):
+        with pytest.raises(Corrupt) as e:
+            read()
+        assert str(e.value) == want
+    assert not (tmp_path / "x.safetensors").exists()
+    with pytest.raises(tdd.CheckpointDigestError):
+        tdd.load_checkpoint(root, digest=digest)
+
+
+def test_a_leaf_a_load_would_refuse_is_never_saved(tmp_path: Path) -> None:
+    td = tdfunc.TensorDict(a=torch.ones(2), e=torch.empty(1 << 61, 0))
+    detail = SHAPE_BYTES.format(shape=[1 << 61, 0], dtype=torch.float32, limit=MAX_BYTES)
+    with pytest.raises(ValueError, match="a load would refuse it") as e:
+        tdd.save_checkpoint(tmp_path / "ck", td)
+    assert str(e.value) == SHAPE_UNSAVED.format(key="'e'", detail=detail)
+    assert not (tmp_path / "ck").exists()
 
 
 def test_swapped_chunks_load_only_without_a_digest(tmp_path: Path) -> None:

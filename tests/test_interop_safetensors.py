@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pickle
@@ -710,6 +711,33 @@ def test_zero_element_tensors_with_huge_dims(tmp_path):
     assert load_safetensors(f)["e"].shape == (2, 2**63 - 1, 0)
     zero([0, 2**32, 2**31])  # torch's strides overflow: the reference refuses it too
     refused(f, "tensor 'e': torch cannot hold shape [0, 4294967296, 2147483648]")
+
+
+def test_a_forged_zero_element_shape_loads_as_the_reference_or_is_refused(tmp_path):
+    """No forged shape reaches torch unchecked: every zero-element shape of huge dims below
+    (``[2**40, 2**40, 0]`` among them) loads with the shape the reference gives it, or is
+    refused with SafetensorsFormatError naming the tensor where the reference refuses it,
+    never with torch's RuntimeError. Unlike the other readers of a shape, this one accepts
+    exactly the reference's shapes (so ``[0, 2**62, 2**62]`` loads)."""
+    reference = pytest.importorskip("safetensors.torch")
+    f = tmp_path / "x.safetensors"
+    dims = [0, 2, 2**31, 2**32, 2**40, 2**62, 2**63 - 1]
+    outcomes = set()
+    for shape in itertools.product(dims, repeat=3):
+        if 0 not in shape:
+            continue
+        write_raw(f, {"e": {"dtype": "F32", "shape": list(shape), "data_offsets": [0, 0]}})
+        try:
+            want = reference.load_file(str(f))["e"].shape
+        except Exception:  # the reference's errors have no common type
+            refused(f, "tensor 'e'")
+            outcomes.add("refused")
+        else:
+            assert load_safetensors(f)["e"].shape == want == shape
+            outcomes.add("loaded")
+    assert outcomes == {"loaded", "refused"}
+    write_raw(f, {"e": {"dtype": "F32", "shape": [2**40, 2**40, 0], "data_offsets": [0, 0]}})
+    refused(f, E.ENTRY_OVERFLOW.format(name="e", shape=[2**40, 2**40, 0], dtype="F32"))
 
 
 def test_float8_e8m0_and_float4_files(tmp_path):

@@ -32,6 +32,7 @@ from tdfunc import (
     save,
     tensorclass,
 )
+from tdfunc._shapes import MAX_BYTES, SHAPE_BYTES, SHAPE_DIM
 from tdfunc.memmap import _errors as E
 from tdfunc.memmap import _store as S
 
@@ -410,7 +411,11 @@ BAD = {
     "static_value": (lambda m: m["root"].update(static=[["x", {"set": [1]}]]), "bad static value"),
     "absurd_shape": (
         lambda m: m["root"]["children"]["a"].update(shape=[0, 1 << 70]),
-        "field 'shape' of entry 'a'",
+        "leaf 'a': " + SHAPE_BYTES.format(shape=[0, 1 << 70], dtype=torch.float32, limit=MAX_BYTES),
+    ),
+    "negative_dim": (
+        lambda m: m["root"]["children"]["a"].update(shape=[8, -1]),
+        "leaf 'a': " + SHAPE_DIM.format(shape=[8, -1], dim=1, value=-1),
     ),
     "too_many_dims": (
         lambda m: m["root"]["children"]["a"].update(shape=[1] * 100),
@@ -418,6 +423,14 @@ BAD = {
     ),
     "none_in_td": (lambda m: m["root"]["children"].update(a={"kind": "none"}), "'none' child"),
     "batch_absurd": (lambda m: m["root"].update(batch_size=[1 << 70]), "field 'batch_size'"),
+    # no elements, but the non-zero dims hold 2**63 bytes of float32: more than any tensor
+    "shape_past_the_byte_limit": (
+        lambda m: (
+            m["root"].update(batch_size=[]),
+            m["root"]["children"]["a"].update(shape=[1 << 61, 0], nbytes=0),
+        ),
+        "leaf 'a': " + SHAPE_BYTES.format(shape=[1 << 61, 0], dtype=torch.float32, limit=MAX_BYTES),
+    ),
 }
 
 

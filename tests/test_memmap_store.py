@@ -1,5 +1,5 @@
-"""Stores reached through symbolic links, and what a load restores (saved values, not
-``__post_init__``'s)."""
+"""Stores reached through symbolic links, what a load restores (saved values, not
+``__post_init__``'s), and what a save refuses to write."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 
 import tdfunc
 from tdfunc import TensorDict, load, memmap_like, save, tensorclass
+from tdfunc._shapes import MAX_BYTES, SHAPE_BYTES, SHAPE_UNSAVED
 from tdfunc._tensorclass import restore
 from tdfunc.memmap import _errors as E
 
@@ -194,3 +195,19 @@ def test_the_resume_snippet_compiles_its_step_once(
     tdfunc.testing.assert_close(resumed, ex.train(ex.start, 5))
     n, _ = frames(tdfunc.load(store))  # the cause: the mapped leaves are another type
     assert n == 2
+
+
+def test_a_leaf_a_load_would_refuse_is_never_saved(tmp_path):
+    """torch builds a tensor without elements whose other dims hold 2**63 bytes of float32;
+    a load refuses such a shape, so a save refuses it before writing anything."""
+    td = TensorDict(ok=torch.ones(2), n={"e": torch.empty(1 << 61, 0)})
+    detail = SHAPE_BYTES.format(shape=[1 << 61, 0], dtype=torch.float32, limit=MAX_BYTES)
+    want = SHAPE_UNSAVED.format(key="('n', 'e')", detail=detail)
+    for write in (save, memmap_like):
+        with pytest.raises(ValueError, match="a load would refuse it") as e:
+            write(td, tmp_path / "s")
+        assert str(e.value) == want
+        assert os.listdir(tmp_path) == []
+    edge = TensorDict(e=torch.empty(1 << 60, 0))  # 2**62 bytes: the limit itself
+    save(edge, tmp_path / "s")
+    assert load(tmp_path / "s")["e"].shape == (1 << 60, 0)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 import tdfunc
+from tdfunc._shapes import MAX_BYTES, SHAPE_BYTES
 from tdfunc._tree import leaves_with_paths
 from tdfunc.distributed._common import errors as E
 from tdfunc.distributed._common import placements as codec
@@ -386,6 +387,31 @@ def test_receive_round_trip_and_json_traps() -> None:
             wire.receive(_link_for(raw, h, bytes(data)), None, None, _check)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("field", ["shape", "local_shape"])
+def test_a_forged_shape_never_reaches_torch(field: str) -> None:
+    """A leaf without elements whose other dims hold more bytes than any tensor (torch's
+    storage size computation overflows on it): refused by name, shape and limit before the
+    received bytes are viewed as tensors."""
+    huge = [1 << 40, 1 << 40, 0]
+    meta = _plain_meta()
+    meta["leaves"][0].update(shape=huge, local_shape=huge)
+    _relayout(meta)
+    text = json.dumps(meta, separators=(",", ":")).encode()
+    if field == "local_shape":  # the check reads the global shape first
+        meta["leaves"][0]["shape"] = [4, 3]
+    detail = SHAPE_BYTES.format(shape=huge, dtype=torch.float32, limit=MAX_BYTES)
+    want = E.TRANSFER_META.format(
+        what=wire.META_WHAT, peer=PEER, field="leaves[0].shape", detail=detail
+    )
+    with pytest.raises(Bad) as e:
+        trust.check_meta(meta, _header(meta), PEER)
+    assert str(e.value) == want.replace("leaves[0].shape", f"leaves[0].{field}")
+    data = bytes(meta["data_nbytes"])
+    with pytest.raises(Bad) as e:
+        wire.receive(_link_for(text, _header(json.loads(text)), data), None, None, _check)  # type: ignore[arg-type]
+    assert str(e.value) == want
+
+
 def test_sender_refuses_a_hostile_reply() -> None:
     td = _td()
     pairs = leaves_with_paths(td)
@@ -453,6 +479,12 @@ LAYOUT_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("leaf dtype", _set("leaves[1].dtype", "bfloat99"), "field leaves[1].dtype: unknown"),
     ("leaf str shape", _set("leaves[1].shape", [4, "2"]), "leaves[1].shape[1]: expected an int"),
     ("leaf negative shape", _set("leaves[0].shape", [-4]), "leaves[0].shape[0]: -4 is not"),
+    (
+        "leaf shape past the byte limit",
+        _set("leaves[1].shape", [1 << 40, 1 << 40, 0]),
+        "field leaves[1].shape: "
+        + SHAPE_BYTES.format(shape=[1 << 40, 1 << 40, 0], dtype=torch.float32, limit=MAX_BYTES),
+    ),
     ("duplicate path", _set("leaves[1].path", ["b"]), "leaves[1].path: the key path ['b']"),
     (
         "placements too many",

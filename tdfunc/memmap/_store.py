@@ -69,6 +69,7 @@ from torch import Tensor
 from .._compat import pytree
 from .._json import loads_unique
 from .._keys import fmt_key
+from .._shapes import SHAPE_UNSAVED, shape_problem
 from .._tensorclass import is_tensorclass, restore
 from .._tree import KeyPath, Node, is_node
 from . import _errors as E
@@ -122,6 +123,9 @@ class _Layout:
 
     def add(self, path: KeyPath, t: Tensor) -> dict[str, Any]:
         check_leaf(t, fmt_key(path))
+        problem = shape_problem(t.shape, t.dtype)
+        if problem is not None:
+            raise ValueError(SHAPE_UNSAVED.format(key=fmt_key(path), detail=problem))
         n = nbytes_of(t.shape, t.dtype)
         off = -(-self.total // ALIGN) * ALIGN
         self.entries.append((path, t, off, n))
@@ -569,6 +573,17 @@ class _Reader:
             raise self.corrupt(f"field {name!r} of entry {_where(path)} is {_short_repr(value)}")
         return value
 
+    def shape(self, entry: dict[str, Any], path: KeyPath, dtype: torch.dtype) -> torch.Size:
+        """A leaf's shape, checked before torch sees it (:func:`tdfunc._shapes.shape_problem`:
+        dims ``>= 0``, the non-zero ones holding at most ``2**62`` bytes of ``dtype``)."""
+        value = self.field(entry, "shape", list, path)
+        if len(value) > MAX_NDIM:
+            raise self.corrupt(f"field 'shape' of entry {_where(path)} is {_short_repr(value)}")
+        problem = shape_problem(value, dtype)
+        if problem is not None:
+            raise self.corrupt(f"leaf {_where(path)}: {problem}")
+        return torch.Size(value)
+
     def leaf(self, entry: dict[str, Any], path: KeyPath) -> Tensor:
         name = self.field(entry, "dtype", str, path)
         dtype = DTYPES.get(name)
@@ -576,7 +591,7 @@ class _Reader:
             raise E.MemmapFormatError(
                 E.UNKNOWN_DTYPE.format(manifest=self.manifest, dtype=name, key=_where(path))
             )
-        shape = torch.Size(self.ints(entry, "shape", path))
+        shape = self.shape(entry, path, dtype)
         off = self.field(entry, "offset", int, path)
         n = self.field(entry, "nbytes", int, path)
         if n != nbytes_of(shape, dtype) or off < 0 or off % dtype.itemsize:

@@ -85,6 +85,7 @@ from ..._compat import is_traceable_wrapper_subclass, pytree
 from ..._errors import StructureError
 from ..._keys import fmt_key
 from ..._ops import check_same_structure
+from ..._shapes import SHAPE_UNSAVED, shape_problem
 from ..._tree import KeyPath, Node, leaves_with_paths, map_leaves
 from ...interop._safetensors import save_safetensors
 from .._common import errors as E
@@ -275,6 +276,9 @@ def _describe(td: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
     owner: dict[str, KeyPath] = {}
     for path, x in leaves_with_paths(td):
         t = _plain(path, x)
+        problem = shape_problem(t.shape, t.dtype)
+        if problem is not None:
+            raise ValueError(SHAPE_UNSAVED.format(key=fmt_key(path), detail=problem))
         name = ".".join(path)
         if name in owner:
             raise ValueError(

@@ -5,13 +5,15 @@ and a reader that never hands anything of the directory to ``pickle``.
 
 Trust: nothing read here is believed before it is checked. Only regular files are opened,
 never through a symlink, each relative to its version folder's descriptor; sizes are
-checked before anything is allocated; every chunk must lie inside its file, cover exactly
-its own bytes, and the chunks of a leaf must tile it as a grid (checked in O(n log n)); a
-JSON key given twice is refused; the structure is read by ``wire.spec_from_json`` (tdfunc
-node types found by name in this process's registry, nothing imported). Tensor data is read as raw bytes
-at the offsets the manifest records (never unpickled), so a crafted file can at worst give
-wrong values, and a verified load (the default) catches those by the SHA-256 of every
-chunk; a caller that keeps :func:`checkpoint_digest` elsewhere catches a crafted manifest.
+checked before anything is allocated, and every leaf's shape before torch sees it (dims
+``>= 0``, the non-zero ones holding at most ``2**62`` bytes: ``tdfunc._shapes``); every
+chunk must lie inside its file, cover exactly its own bytes, and the chunks of a leaf must
+tile it as a grid (checked in O(n log n)); a JSON key given twice is refused; the structure
+is read by ``wire.spec_from_json`` (tdfunc node types found by name in this process's
+registry, nothing imported). Tensor data is read as raw bytes at the offsets the manifest
+records (never unpickled), so a crafted file can at worst give wrong values, and a verified
+load (the default) catches those by the SHA-256 of every chunk; a caller that keeps
+:func:`checkpoint_digest` elsewhere catches a crafted manifest.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from ..._shapes import shape_problem
 from ..._tree import is_node, leaves_with_paths
 from .._common import errors as E
 from .._common import wire
@@ -738,7 +741,9 @@ class Manifest:
             dtype = wire.dtype_from_name(e["dtype"])
         except Exception:
             raise _corrupt(root, mfile, f"leaf {name!r}: unknown dtype {e['dtype']!r}") from None
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        problem = shape_problem(shape, dtype)  # before torch sees it (skeleton, metadata)
+        _need(problem is None, root, mfile, f"leaf {name!r}: {problem}")
+        itemsize = dtype.itemsize
         out: list[_Chunk] = []
         volume = 0
         for c in e["chunks"]:

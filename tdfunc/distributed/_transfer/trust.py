@@ -3,9 +3,11 @@ rank, and the layout, answers and verdict of a planned transfer's handshake.
 
 A peer's message is input, not a promise: every field is checked against what the sending
 side writes (:func:`~.._common.wire.describe`, :func:`~.handshake.layout_of`) before a
-tensor, a spec or a plan is built from it, and a field that does not fit raises
-:class:`~.._common.errors.TransferMetadataError` naming it (``leaves[2].local_shape``),
-never a ``KeyError`` / ``TypeError`` / ``IndexError`` from deep inside.
+tensor, a spec or a plan is built from it (a leaf's shape by the shared
+:func:`tdfunc._shapes.shape_problem`, before torch sees it), and a field that does not fit
+raises :class:`~.._common.errors.TransferMetadataError` naming it
+(``leaves[2].local_shape``), never a ``KeyError`` / ``TypeError`` / ``IndexError`` from
+deep inside.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from torch.distributed.tensor import Placement, Replicate, Shard
 
 from ..._compat import StridedShard
+from ..._shapes import shape_problem
 from .._common import errors as E
 from .._common import placements as codec
 from .._common import wire
@@ -100,6 +103,16 @@ class _Reader:
         return tuple(
             self.as_int(v, f"{field}[{i}]", low) for i, v in enumerate(self.as_list(x, field))
         )
+
+    def shape(self, x: Any, field: str, dtype: torch.dtype) -> tuple[int, ...]:
+        """A leaf's shape of ``dtype``, checked before torch sees it
+        (:func:`tdfunc._shapes.shape_problem`: the non-zero dims hold at most ``2**62``
+        bytes)."""
+        shape = self.ints(x, field)
+        problem = shape_problem(shape, dtype)
+        if problem is not None:
+            raise self.fail(field, problem)
+        return shape
 
     def dtype(self, x: Any, field: str) -> torch.dtype:
         name = self.as_str(x, field)
@@ -231,8 +244,8 @@ def check_meta(meta: Any, h: Sequence[int], peer: int) -> None:
         any_dt = any_dt or was_dt
         r.path(e["path"], f"{at}.path", seen)
         dtype = r.dtype(e["dtype"], f"{at}.dtype")
-        shape = r.ints(e["shape"], f"{at}.shape")
-        local = r.ints(e["local_shape"], f"{at}.local_shape")
+        shape = r.shape(e["shape"], f"{at}.shape", dtype)
+        local = r.shape(e["local_shape"], f"{at}.local_shape", dtype)
         r.grad(e["requires_grad"], f"{at}.requires_grad", dtype)
         kind = e["kind"]
         if kind not in ("tensor", "dtensor"):
@@ -296,8 +309,8 @@ def check_layout(layout: Any, peer: int, world: int) -> dict[str, Any]:
         at = f"leaves[{i}]"
         x = r.as_obj(raw, at, LAYOUT_LEAF_FIELDS)
         r.path(x["path"], f"{at}.path", seen)
-        shape = r.ints(x["shape"], f"{at}.shape")
         dtype = r.dtype(x["dtype"], f"{at}.dtype")
+        shape = r.shape(x["shape"], f"{at}.shape", dtype)
         if x["placements"] is not None:
             r.placements(x["placements"], f"{at}.placements", src.ndim, shape, True)
         r.grad(x["requires_grad"], f"{at}.requires_grad", dtype)
