@@ -443,9 +443,9 @@ def test_selected_out_keys_return_input_plus_selection():
     assert torch.equal(out["out", "y"], torch.ones(4, 3))
 
 
-def test_select_out_keys_returns_a_new_sequence_sharing_modules():
+def test_with_out_keys_returns_a_new_sequence_sharing_modules():
     seq = actor_critic()
-    sel = seq.select_out_keys(("actor", "logits"))
+    sel = seq.with_out_keys(("actor", "logits"))
     assert sel is not seq
     assert seq.selected_out_keys is None
     assert sel.out_keys == [("actor", "logits")]
@@ -460,7 +460,7 @@ def test_selecting_a_key_nothing_writes():
     seq = actor_critic()
     msg = R.NOT_AN_OUT_KEY.format(seq="TensorDictSequential", key="'nope'", out_keys=seq.out_keys)
     with pytest.raises(KeyError, match=re.escape(msg)):
-        seq.select_out_keys("nope")
+        seq.with_out_keys("nope")
 
 
 def test_sequential_missing_key_raised_before_any_module_runs():
@@ -504,7 +504,7 @@ def test_module_compiles_fullgraph_without_recompiles():
 
 
 def test_sequential_compiles_fullgraph_with_selection():
-    seq = actor_critic().select_out_keys(("critic", "value"), "hidden")
+    seq = actor_critic().with_out_keys(("critic", "value"), "hidden")
     cnt = check_compiled(seq, lambda: (make_td(),))
     td = make_td()
     before = snapshot(td)
@@ -707,3 +707,40 @@ def test_nested_tuple_keys_are_unravelled():
     seq = TensorDictSequential(m, TensorDictModule(lambda v: v * 2, [("c", ("d",))], ["e"]))
     assert seq(TensorDict(a=torch.zeros(2)))["e"].tolist() == [2.0, 2.0]
     check_compiled(m, lambda: (TensorDict(a=torch.randn(2), batch_size=[2]),))
+
+
+# ================================================================== tensordict's in-place names
+def test_select_out_keys_is_in_place_in_tensordict_so_it_raises_naming_with_out_keys():
+    """tensordict's ``select_out_keys`` changes the module; a discarded result here would be
+    a silent no-op, so the name raises InPlaceError naming the pure spelling."""
+    seq = actor_critic()
+    with pytest.raises(tdfunc.InPlaceError, match=re.escape("seq = seq.with_out_keys('hidden')")):
+        seq.select_out_keys("hidden")
+    assert seq.selected_out_keys is None  # left as it was
+    with pytest.raises(TypeError, match=r"TensorDictSequential\(\*seq.module\)"):
+        seq.reset_out_keys()
+    m = TensorDictModule(lambda x: (x, x), in_keys="a", out_keys=["b", "c"])
+    with pytest.raises(
+        tdfunc.InPlaceError, match=re.escape("TensorDictSequential(m).with_out_keys('b')")
+    ):
+        m.select_out_keys("b")
+    with pytest.raises(AttributeError):  # InPlaceError is an AttributeError too
+        m.reset_out_keys()
+    out = TensorDictSequential(m).with_out_keys("b")(tdfunc.TensorDict(a=torch.ones(2)))
+    assert out.keys() == ["a", "b"]
+
+
+def test_tensordict_select_out_keys_is_in_place_there():
+    """The oracle: tensordict's select_out_keys changes the module it is called on."""
+    tdnn = pytest.importorskip("tensordict.nn")
+    m = tdnn.TensorDictSequential(
+        tdnn.TensorDictModule(lambda x: x + 1, in_keys=["a"], out_keys=["b"]),
+        tdnn.TensorDictModule(lambda x: x * 2, in_keys=["b"], out_keys=["c"]),
+    )
+    m.select_out_keys("c")
+    assert m.out_keys == ["c"]
+    ours = TensorDictSequential(
+        TensorDictModule(lambda x: x + 1, in_keys="a", out_keys="b"),
+        TensorDictModule(lambda x: x * 2, in_keys="b", out_keys="c"),
+    )
+    assert ours.with_out_keys("c").out_keys == m.out_keys

@@ -14,14 +14,16 @@ The names and state-dict layout follow ``tensordict.nn`` (``module.weight``,
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from torch import nn
 
+from .._errors import InPlaceError
 from .._keys import fmt_key
 from .._tree import KeyPath, Node, is_node
 from ._routing import (
     BAD_KWARG,
+    INPLACE_MODULE,
     KWARGS_AND_TD,
     MISSING,
     NO_INPUT,
@@ -189,6 +191,30 @@ class TensorDictModule(nn.Module):
             )
         return apply_plan(td, plan, outputs, name, ())
 
+    def select_out_keys(self, *keys: Key) -> NoReturn:
+        """tensordict's ``select_out_keys`` changes the module in place: it raises
+        :class:`tdfunc.InPlaceError` naming the pure spelling, a sequence of this module that
+        returns only ``keys`` (``TensorDictSequential(m).with_out_keys(...)``)."""
+        raise InPlaceError(
+            INPLACE_MODULE.format(
+                cls=type(self).__name__,
+                name="select_out_keys",
+                hint="m = TensorDictSequential(m).with_out_keys("
+                f"{', '.join(map(repr, keys)) or '...'})",
+            )
+        )
+
+    def reset_out_keys(self) -> NoReturn:
+        """tensordict's ``reset_out_keys`` changes the module in place: it raises
+        :class:`tdfunc.InPlaceError` (a module here always writes every out key)."""
+        raise InPlaceError(
+            INPLACE_MODULE.format(
+                cls=type(self).__name__,
+                name="reset_out_keys",
+                hint="m (a TensorDictModule always writes every out key; drop the call)",
+            )
+        )
+
     def extra_repr(self) -> str:
         head = "" if isinstance(self.module, nn.Module) else f"module={describe(self.module)}, "
         return f"{head}in_keys={self.in_keys}, out_keys={self.out_keys}"
@@ -268,7 +294,7 @@ class TensorDictSequential(nn.Module):
         out_keys: every key the sequence writes into its result, in order (or the selection).
 
     The sequence is fixed at construction (its keys are computed then); build a new one to
-    change it, e.g. with :meth:`select_out_keys`. Each module is called through
+    change it, e.g. with :meth:`with_out_keys`. Each module is called through
     ``nn.Module.__call__``, so hooks registered on it run.
 
     Raises:
@@ -358,8 +384,9 @@ class TensorDictSequential(nn.Module):
         """The selected out keys, or None when every written key is returned."""
         return None if self._selected is None else [public_key(p) for p in self._selected]
 
-    def select_out_keys(self, *keys: Key) -> TensorDictSequential:
-        """A new sequence sharing these modules that returns only ``keys`` among its outputs.
+    def with_out_keys(self, *keys: Key) -> TensorDictSequential:
+        """A new sequence sharing these modules that returns only ``keys`` among its outputs
+        (this one is left as it was).
 
         Example:
             >>> import torch
@@ -367,10 +394,34 @@ class TensorDictSequential(nn.Module):
             >>> seq = TensorDictSequential(
             ...     TensorDictModule(lambda x: x + 1, in_keys="a", out_keys="b"),
             ...     TensorDictModule(lambda x: x * 2, in_keys="b", out_keys="c"))
-            >>> seq.select_out_keys("c").out_keys, seq.out_keys
+            >>> seq.with_out_keys("c").out_keys, seq.out_keys
             (['c'], ['b', 'c'])
         """
         return TensorDictSequential(*self.module, selected_out_keys=list(keys))
+
+    def select_out_keys(self, *keys: Key) -> NoReturn:
+        """tensordict's ``select_out_keys`` changes the module in place; modules here are
+        fixed at construction, so it raises :class:`tdfunc.InPlaceError` naming the pure
+        spelling, :meth:`with_out_keys` (a new sequence)."""
+        raise InPlaceError(
+            INPLACE_MODULE.format(
+                cls=type(self).__name__,
+                name="select_out_keys",
+                hint=f"seq = seq.with_out_keys({', '.join(map(repr, keys)) or '...'})",
+            )
+        )
+
+    def reset_out_keys(self) -> NoReturn:
+        """tensordict's ``reset_out_keys`` changes the module in place: it raises
+        :class:`tdfunc.InPlaceError` naming the pure spelling (a new sequence of the same
+        modules, ``TensorDictSequential(*seq.module)``)."""
+        raise InPlaceError(
+            INPLACE_MODULE.format(
+                cls=type(self).__name__,
+                name="reset_out_keys",
+                hint="seq = TensorDictSequential(*seq.module)",
+            )
+        )
 
     def forward(self, td: Any = None, **tensors: Any) -> Any:
         """Run the modules in order and return ``td`` plus their outputs (a new container).
