@@ -3,6 +3,13 @@
 Usage: ``python -m compile_benchmarks.report RESULTS.json [MORE.json ...] [--out DIR]``
 (``python -m compile_benchmarks.run`` calls it after the benchmarks).
 
+The repository's ``README.md`` shows a headline of the report: the rows of :data:`HEADLINE`
+(what a user runs, against what they would use instead), read from the tables of
+``RESULTS.md`` itself, so the committed report is all it needs.
+``python -m compile_benchmarks.report --readme`` rewrites that table (between the
+``<!-- bench:start -->`` and ``<!-- bench:end -->`` lines; ``make bench`` does it after the
+report), ``--check-readme`` exits 1 when it differs; ``tests/test_readme_claims.py`` fails then.
+
 Every benchmark carries ``extra_info`` with ``workload``, ``mode``, ``contender`` (any name;
 the canonical ones sort first), ``category`` and ``pass``; compiled ones add ``compile_s``,
 ``graphs``, ``graph_breaks`` and ``recompiles``. Per workload and mode the report gives each
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -910,6 +918,327 @@ def chart(res: Results, path: Path) -> bool:
     return True
 
 
+# ----------------------------------------------------------------------------- README headline
+#: The lines between which the repository's README holds the generated benchmark table.
+HEADLINE_START = "<!-- bench:start -->"
+HEADLINE_END = "<!-- bench:end -->"
+RESULTS_MD = HERE / "RESULTS.md"
+ROOT_README = HERE.parent / "README.md"
+#: The RESULTS.md sections the headline reads besides the per-workload tables.
+PAIRED_SECTION = "Paired rounds — ratio and A/A control"
+TARGETS_SECTION = "Targets"
+MACHINE_SECTION = "Machine and versions"
+NO_MARKERS = (
+    "{path}: no benchmark table between {start!r} and {end!r} (one line each, in that order)"
+)
+NO_MACHINE = (
+    "{path}: no '## {section}' table (is it a report written by compile_benchmarks.report?)"
+)
+QUICK_HEADLINE = (
+    "{path} is a quick smoke run (one round): its ratios are not measurements; "
+    "run `make bench` for the README's table"
+)
+NO_HEADLINE_ROW = "{path}: none of the README's headline rows is in this report"
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One row of the README's benchmark table, read from a table of ``RESULTS.md``.
+
+    ``kind`` says where: ``"ratio"``, the column ``ratio`` (``"tdfunc/torch_func"``) of
+    ``workload`` in the per-workload table ``section`` (``"workloads — compiled"``), held to the
+    report's target of that cell; ``"paired"``, the row of ``workload``, ``mode`` and ``ratio``
+    (the *ratio of* cell, ``"tdfunc / torch_optim"``) in the paired-rounds table, held to its
+    own target; ``"target"``, the row of the *Targets* table named ``workload``.
+    """
+
+    what: str
+    against: str
+    kind: str
+    workload: str
+    section: str = ""
+    ratio: str = ""
+    mode: str = ""
+
+
+#: The README's headline, in order: what a user runs, against what they would use instead. A
+#: row whose measurement is not in the report (e.g. paired rows of an older run) is left out.
+HEADLINE: tuple[Headline, ...] = (
+    Headline(
+        "compiled MLP training step",
+        "`torch.func` on a flat dict",
+        "ratio",
+        "train_step_mlp",
+        "workloads — compiled",
+        "tdfunc/torch_func",
+    ),
+    Headline(
+        "compiled GPT-2 training step, AdamW, donated",
+        "`torch.func` + compiled `torch.optim.AdamW`",
+        "paired",
+        "train_step_gpt2",
+        ratio="tdfunc_donated / torch_func",
+        mode="compiled",
+    ),
+    Headline(
+        "eager MLP training step",
+        "`torch.func` on a flat dict",
+        "ratio",
+        "train_step_mlp",
+        "workloads — eager",
+        "tdfunc/torch_func",
+    ),
+    Headline(
+        "compiled vmap ensemble of 8 MLPs, forward + backward",
+        "`torch.func` on a flat dict",
+        "ratio",
+        "ensemble_forward_backward",
+        "workloads — compiled",
+        "tdfunc/torch_func",
+    ),
+    Headline(
+        "compiled AdamW step (GPT-2 parameters)",
+        "compiled `torch.optim.AdamW`",
+        "paired",
+        "optim_step",
+        ratio="tdfunc / torch_optim",
+        mode="compiled",
+    ),
+    Headline(
+        "eager `td + 1`, 50 leaves",
+        "tensordict",
+        "ratio",
+        "add_one_flat",
+        "container — eager",
+        "tdfunc/tensordict",
+    ),
+    Headline(
+        "eager tensorclass construction",
+        "tensordict `@tensorclass`",
+        "ratio",
+        "tc_create",
+        "tensorclass — eager",
+        "tdfunc_tc/tensordict_tc",
+    ),
+    Headline(
+        "eager `td + 1`, 10-deep nesting",
+        "a flat list of the same tensors",
+        "ratio",
+        "add_one_nested",
+        "container — eager",
+        "tdfunc/floor",
+    ),
+    Headline(
+        "replay sampling, 256 rows of a 1 GiB store",
+        "`numpy.memmap`",
+        "ratio",
+        "replay_sample_256",
+        "replay — eager",
+        "tdfunc/numpy",
+    ),
+    Headline(
+        "graph breaks, every compiled tdfunc workload",
+        "—",
+        "target",
+        TARGETS["graph_breaks"].text,
+    ),
+)
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of one Markdown table row (``\\|`` inside a cell is not a separator)."""
+    inner = line.strip()[1:-1] if line.strip().endswith("|") else line.strip()[1:]
+    parts, cur, i = [], "", 0
+    while i < len(inner):
+        if inner[i] == "\\" and inner[i + 1 : i + 2] == "|":
+            cur, i = cur + "|", i + 2
+            continue
+        if inner[i] == "|":
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += inner[i]
+        i += 1
+    return [*parts, cur.strip()]
+
+
+def md_tables(text: str) -> dict[str, list[list[str]]]:
+    r"""The first table under each heading of a Markdown text: heading (without ``#``) -> its
+    rows of cells, the header row first.
+
+    Example:
+        >>> md_tables("## T\n\n| a | b |\n|---|---|\n| 1 | x \\| y |\n")
+        {'T': [['a', 'b'], ['1', 'x | y']]}
+    """
+    out: dict[str, list[list[str]]] = {}
+    heading = ""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+        elif (
+            line.startswith("|")
+            and i + 1 < len(lines)
+            and lines[i + 1].startswith("|---")
+            and heading not in out
+        ):
+            rows = [_cells(line)]
+            i += 2
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append(_cells(lines[i]))
+                i += 1
+            out[heading] = rows
+            continue
+        i += 1
+    return out
+
+
+_NUMBER = r"(\d+(?:\.\d+)?)"
+
+
+def _ratio_cell(cell: str) -> tuple[float, float | None, float | None] | None:
+    """Median and spread of a report ratio cell (``"2.36 ✗ [2.11-2.37]"``), None for ``—``."""
+    m = re.match(_NUMBER, cell.strip())
+    if m is None:
+        return None
+    spread = re.search(rf"\[{_NUMBER}-{_NUMBER}\]", cell)
+    lo, hi = (float(spread[1]), float(spread[2])) if spread else (None, None)
+    return float(m[1]), lo, hi
+
+
+def _records(tables: dict[str, list[list[str]]], heading: str) -> list[dict[str, str]]:
+    """The rows of the table under ``heading`` as dicts from column name to cell."""
+    header, *rows = tables.get(heading) or [[]]
+    return [dict(zip(header, row)) for row in rows]
+
+
+def _headline_row(h: Headline, tables: dict[str, list[list[str]]]) -> list[str] | None:
+    """``[workload, against, ratio, target]`` cells of one headline row, None when absent."""
+    if h.kind == "target":
+        row = next(
+            (r for r in _records(tables, TARGETS_SECTION) if r.get("target") == h.workload), None
+        )
+        if row is None or row.get("rows checked", "0") == "0":
+            return None
+        missed = int(row["rows missed"])
+        what = f"{h.what} ({row['rows checked']})"
+        return [what, h.against, str(missed), f"0 {MET if missed == 0 else MISS}"]
+    if h.kind == "paired":
+        rows = _records(tables, PAIRED_SECTION)
+        row = next(
+            (
+                r
+                for r in rows
+                if (r.get("workload"), r.get("mode"), r.get("ratio of"))
+                == (h.workload, h.mode, h.ratio)
+            ),
+            None,
+        )
+        if row is None:
+            return None
+        value = _ratio_cell(row.get("ratio", ""))
+        m = re.search(rf"<=\s*{_NUMBER}", row.get("target", ""))
+        limit = None if m is None else float(m[1])
+    else:
+        row = next(
+            (r for r in _records(tables, h.section) if r.get("workload") == h.workload), None
+        )
+        if row is None:
+            return None
+        value = _ratio_cell(row.get(h.ratio, ""))
+        category, _, mode = h.section.partition(" — ")
+        lim = _limit(category, mode, h.ratio.split("/")[1], h.workload)
+        limit = None if lim is None else lim[1]
+    if value is None:
+        return None
+    med, lo, hi = value
+    text = f"{med:.2f}x" + ("" if lo is None or lo == hi else f" ({lo:.2f}-{hi:.2f})")
+    target = "" if limit is None else f"≤ {limit:.2f}x {MET if med <= limit else MISS}"
+    return [h.what, h.against, text, target]
+
+
+def _run_line(tables: dict[str, list[list[str]]], path: Path) -> str:
+    """When, with which torch and on which machine the report was measured."""
+    rows = tables.get(MACHINE_SECTION, [])[1:]
+    if not rows:
+        raise ValueError(NO_MACHINE.format(path=path, section=MACHINE_SECTION))
+    m = {row[0]: row[-1] for row in rows}
+    if m.get("mode", "").startswith("quick"):
+        raise ValueError(QUICK_HEADLINE.format(path=path))
+    clock = "CPU-time clock" if "process_time" in m.get("clock", "") else "wall clock"
+    threads = m.get("threads", "?").split(" ")[0]
+    gpu = m.get("GPU", "none")
+    return (
+        f"`make bench` of {m.get('date', '?')[:10]}: torch {m.get('torch', '?')}, "
+        f"{m.get('CPU', '?')}" + ("" if gpu == "none" else f", {gpu}") + f"; {threads} "
+        f"thread{'s' if threads != '1' else ''}, {clock}, medians of {m.get('passes', '?')} "
+        "interleaved passes."
+    )
+
+
+def headline(results_md: str, path: Path = RESULTS_MD) -> str:
+    """The README's benchmark block (markers included), written from the text of a full
+    report's ``RESULTS.md``: the run line and the :data:`HEADLINE` rows it measured.
+
+    Example:
+        >>> block = headline(RESULTS_MD.read_text(encoding="utf-8"))
+        >>> block.splitlines()[0] == HEADLINE_START, "| workload |" in block
+        (True, True)
+    """
+    tables = md_tables(results_md)
+    run = _run_line(tables, path)
+    rows = [r for h in HEADLINE if (r := _headline_row(h, tables)) is not None]
+    if not rows:
+        raise ValueError(NO_HEADLINE_ROW.format(path=path))
+    return "\n".join(
+        [
+            HEADLINE_START,
+            "<!-- written by `python -m compile_benchmarks.report --readme` from "
+            "compile_benchmarks/RESULTS.md: do not edit -->",
+            run,
+            "Ratio: tdfunc's time over the alternative's (below 1: tdfunc is faster), median "
+            f"over passes (min-max); {MISS}: misses the project's target. Every row, and why "
+            "a target is missed: [`RESULTS.md`](compile_benchmarks/RESULTS.md), "
+            "[how it is measured](compile_benchmarks/README.md).",
+            "",
+            *_table(["workload", "tdfunc against", "ratio", "target"], rows),
+            HEADLINE_END,
+        ]
+    )
+
+
+def readme_block(readme_text: str, path: Path = ROOT_README) -> tuple[int, int]:
+    """Start and end offsets of the generated block in a README's text (markers included)."""
+    start = readme_text.find(HEADLINE_START + "\n")
+    end = readme_text.find("\n" + HEADLINE_END, max(start, 0))
+    if start < 0 or end < 0 or readme_text.count(HEADLINE_START) != 1:
+        raise ValueError(NO_MARKERS.format(path=path, start=HEADLINE_START, end=HEADLINE_END))
+    return start, end + 1 + len(HEADLINE_END)
+
+
+def with_headline(readme_text: str, block: str, path: Path = ROOT_README) -> str:
+    r"""The README's text with its generated block replaced by ``block``.
+
+    Example:
+        >>> text = f"# x\n{HEADLINE_START}\nold\n{HEADLINE_END}\nend\n"
+        >>> with_headline(text, f"{HEADLINE_START}\nnew\n{HEADLINE_END}")
+        '# x\n<!-- bench:start -->\nnew\n<!-- bench:end -->\nend\n'
+    """
+    start, end = readme_block(readme_text, path)
+    return readme_text[:start] + block + readme_text[end:]
+
+
+def write_headline(readme: Path = ROOT_README, results: Path = RESULTS_MD) -> bool:
+    """Rewrite the README's benchmark block from ``results``; True when it changed."""
+    text = readme.read_text(encoding="utf-8")
+    new = with_headline(text, headline(results.read_text(encoding="utf-8"), results), readme)
+    if new != text:
+        readme.write_text(new, encoding="utf-8")
+    return new != text
+
+
 # ----------------------------------------------------------------------------- entry point
 def write_report(
     json_paths: Sequence[Path], out_dir: Path, title: str = "tdfunc benchmark results"
@@ -930,9 +1259,33 @@ def write_report(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json", nargs="+", type=Path, help="pytest-benchmark JSON file(s)")
+    parser.add_argument("json", nargs="*", type=Path, help="pytest-benchmark JSON file(s)")
     parser.add_argument("--out", type=Path, default=HERE, help="output directory (default: here)")
+    parser.add_argument(
+        "--readme",
+        action="store_true",
+        help="rewrite the README's benchmark table from RESULTS.md (no JSON needed)",
+    )
+    parser.add_argument(
+        "--check-readme",
+        action="store_true",
+        help="exit 1 when the README's benchmark table differs from what RESULTS.md gives",
+    )
     args = parser.parse_args(argv)
+    if args.readme or args.check_readme:
+        want = headline(RESULTS_MD.read_text(encoding="utf-8"))
+        text = ROOT_README.read_text(encoding="utf-8")
+        if with_headline(text, want) == text:
+            print(f"{ROOT_README}: benchmark table up to date")
+            return 0
+        if args.check_readme:
+            print(f"{ROOT_README}: benchmark table differs from {RESULTS_MD}")
+            return 1
+        write_headline()
+        print(f"wrote the benchmark table of {ROOT_README}")
+        return 0
+    if not args.json:
+        parser.error("give the pytest-benchmark JSON file(s), or --readme / --check-readme")
     md = write_report(args.json, args.out)
     print(f"wrote {md}")
     return 0

@@ -2,7 +2,9 @@
 
 ``python -m compile_benchmarks.run --full`` (``make bench``) runs every
 ``compile_benchmarks/test_bench_*.py`` benchmark in interleaved passes and writes
-``compile_benchmarks/RESULTS.md`` and ``compile_benchmarks/ratios.png``.
+``compile_benchmarks/RESULTS.md``, ``compile_benchmarks/ratios.png`` and, from that
+``RESULTS.md``, the benchmark table of the repository's ``README.md`` (between its
+``<!-- bench:start -->`` and ``<!-- bench:end -->`` lines).
 ``python -m compile_benchmarks.run --quick`` (``make bench-quick``, the CI smoke test) runs
 every benchmark about once (see ``--bench-quick`` in ``conftest.py``) and writes its report
 under ``compile_benchmarks/results/quick/``. ``--threads N`` (default 1) fixes the intra-op
@@ -162,13 +164,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return rc
     # the report is written even when a benchmark failed (pytest's exit code is still
     # returned): a long run keeps the rows it measured
-    from compile_benchmarks.report import write_report
+    from compile_benchmarks.report import RESULTS_MD, ROOT_README, write_headline, write_report
 
     title = (
         "tdfunc benchmark results (quick smoke run)" if args.quick else "tdfunc benchmark results"
     )
     md = write_report([json_path], out_dir, title=title)
     print(f"wrote {md} and {md.parent / 'ratios.png'}")
+    if not args.quick and md == RESULTS_MD:
+        # the README's benchmark table is written from the RESULTS.md just written
+        changed = write_headline()
+        print(f"{'rewrote' if changed else 'kept'} the benchmark table of {ROOT_README}")
     return rc
 
 

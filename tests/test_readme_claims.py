@@ -1,8 +1,15 @@
-"""The value-model, storage and migration statements of the guides (``docs/guides``), each
-run: what immutability covers (the container, not its tensors), state dicts, and every row of
-the table "Migrating from tensordict"."""
+"""What users read, run: the README (its benchmark table is the one the report writes from
+``compile_benchmarks/RESULTS.md``, its example runs, it names no development machine) and the
+value-model, storage and migration statements of the guides (``docs/guides``): what
+immutability covers (the container, not its tensors), state dicts, and every row of the table
+"Migrating from tensordict"."""
 
 from __future__ import annotations
+
+import importlib.util
+import re
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +19,166 @@ import tdfunc
 from tdfunc import MemoryMappedTensor, TensorDict, tensorclass
 from tdfunc.nn import TensorDictModule as Mod
 from tdfunc.nn import TensorDictSequential as Seq
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def _wheel_check():
+    """``.ci/wheel_check.py``: the one place that reads the README's example."""
+    spec = importlib.util.spec_from_file_location(
+        "tdfunc_wheel_check", ROOT / ".ci" / "wheel_check.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------------ README
+def test_readme_benchmark_table_is_the_one_the_report_writes():
+    from compile_benchmarks import report
+
+    want = report.headline(report.RESULTS_MD.read_text(encoding="utf-8"))
+    text = README.read_text(encoding="utf-8")
+    start, end = report.readme_block(text)
+    assert text[start:end] == want, (
+        "README.md's benchmark table differs from compile_benchmarks/RESULTS.md: run "
+        "python -m compile_benchmarks.report --readme"
+    )
+
+
+def _report_text(mlp_ratio: float, quick: bool = False) -> str:
+    """A RESULTS.md written by the report from one compiled MLP-step row (tdfunc and torch.func
+    at ``mlp_ratio``, 3 passes) and one graph-break count."""
+    from compile_benchmarks import report
+
+    def entry(seconds: float, **info) -> report.Entry:
+        times = {p: seconds * (1 + p / 10) for p in range(3)}
+        return report.Entry(medians=times, rounds=3, info={"backend": "inductor", **info})
+
+    rows = {
+        ("workloads", "train_step_mlp", "compiled"): {
+            "tdfunc": entry(mlp_ratio * 1e-3, graphs=1, graph_breaks=0, recompiles=0),
+            "torch_func": entry(1e-3),
+        }
+    }
+    meta = {
+        "date": "2031-01-02T03:04:05+00:00",
+        "cpu": "Some CPU",
+        "cores": 8,
+        "torch_threads": 1,
+        "versions": {"torch": "9.9.9"},
+        "timer": "time.process_time",
+        "passes": 3,
+        "quick": quick,
+    }
+    return report.render(report.Results(rows, meta, {}, {}))
+
+
+def test_headline_reads_the_ratios_and_run_of_the_report():
+    from compile_benchmarks import report
+
+    block = report.headline(_report_text(1.5))
+    assert block.startswith(report.HEADLINE_START + "\n")
+    assert block.endswith("\n" + report.HEADLINE_END)
+    assert "`make bench` of 2031-01-02: torch 9.9.9, Some CPU, 8 cores" in block
+    assert (
+        "| compiled MLP training step | `torch.func` on a flat dict | 1.50x | ≤ 1.05x ✗ |" in block
+    )
+    assert "| graph breaks, every compiled tdfunc workload (1) | — | 0 | 0 ✓ |" in block
+    assert "replay" not in block  # rows the report did not measure are left out
+    met = report.headline(_report_text(0.8))
+    assert "| 0.80x | ≤ 1.05x ✓ |" in met
+    # a stale README table is replaced, the text around it kept
+    readme = f"# x\n\n{block}\n\nafter\n"
+    assert report.with_headline(readme, met) == f"# x\n\n{met}\n\nafter\n"
+
+
+def test_headline_refuses_a_quick_run_and_a_readme_without_markers(tmp_path):
+    from compile_benchmarks import report
+
+    with pytest.raises(ValueError, match=r"RESULTS\.md is a quick smoke run .* run `make bench`"):
+        report.headline(_report_text(1.0, quick=True), tmp_path / "RESULTS.md")
+    with pytest.raises(ValueError, match=r"RESULTS\.md: no '## Machine and versions' table"):
+        report.headline("# nothing\n", tmp_path / "RESULTS.md")
+    with pytest.raises(ValueError, match=r"README\.md: no benchmark table between"):
+        report.with_headline("# x\nno table\n", "", tmp_path / "README.md")
+    readme = tmp_path / "README.md"
+    results = tmp_path / "RESULTS.md"
+    results.write_text(_report_text(1.5), encoding="utf-8")
+    readme.write_text(f"top\n{report.HEADLINE_START}\nold\n{report.HEADLINE_END}\n", "utf-8")
+    assert report.write_headline(readme, results) is True
+    assert "1.50x" in readme.read_text(encoding="utf-8")
+    assert report.write_headline(readme, results) is False
+
+
+def test_readme_example_runs_as_written():
+    # the README's own text (CI also runs it from the built wheel, with inductor): the training
+    # step and the ensemble step compile once each (one graph, no recompile over 200 steps)
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    code = _wheel_check().readme_example(README.read_text(encoding="utf-8"))
+    counter = CompileCounterWithBackend("aot_eager")
+    compile_ = torch.compile
+
+    def counted(fn, **kwargs):
+        return compile_(fn, backend=counter, **kwargs)
+
+    ns: dict = {}
+    torch.manual_seed(0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "compile", counted)
+        exec(compile(code, str(README), "exec"), ns)
+    assert counter.frame_count == 2
+    assert float(ns["loss"]) < 0.05
+    assert ns["members"].batch_size == (4,)
+    assert ns["losses"].shape == (4,)
+    assert float(ns["losses"].max()) < 0.05
+    # trained on new tensors: the module's own weights were never written
+    assert not torch.equal(ns["params"]["0", "weight"], ns["model"][0].weight)
+
+
+def test_readme_example_is_found_or_named_missing(tmp_path):
+    wc = _wheel_check()
+    text = "# t\n## Install\n```python\nno = 1\n```\n## Example\n\n```python\nyes = 1\n```\n"
+    assert wc.readme_example(text) == "yes = 1\n"
+    with pytest.raises(ValueError, match=r"README\.md: no ```python block under a '## Example'"):
+        wc.readme_example(
+            "# t\n## Example\ntext\n## Next\n```python\nx = 1\n```\n", tmp_path / "README.md"
+        )
+
+
+def test_readme_is_short_keeps_the_ci_commands_and_names_no_machine():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 110
+    commands = re.findall(r"^make (\w+)", text, re.MULTILINE)
+    assert "demo" in commands
+    assert "test" in commands
+    for phrase in ("this machine", "on this machine", "pip's configuration", "constraint"):
+        assert phrase not in text.lower(), phrase
+    for link in re.findall(r"\]\(([^)#:]+)", text):
+        assert (ROOT / link).exists(), link
+
+
+def test_wheel_problems_name_what_is_missing(tmp_path):
+    wc = _wheel_check()
+    wheel = tmp_path / "tdfunc-0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("tdfunc/__init__.py", "")
+        z.writestr("tests/test_x.py", "")
+        z.writestr(
+            "tdfunc-0.dist-info/METADATA",
+            'Name: tdfunc\nRequires-Dist: torch<3,>=2.13\nRequires-Dist: tqdm; extra == "progress"\n',
+        )
+    assert wc.wheel_problems(wheel, {"torch", "optree"}) == [
+        "tdfunc/py.typed is not in the wheel",
+        "files outside the package: ['tests']",
+        "Requires-Dist ['torch'] != dependencies ['optree', 'torch']",
+    ]
+    assert wc.declared()[0] == {"torch", "optree", "numpy"}
+    assert wc.pinned_torch().startswith("torch==")
 
 
 def _td() -> TensorDict:
