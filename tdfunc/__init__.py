@@ -26,6 +26,7 @@ from ._donate import compile as compile  # tdfunc.compile, as torch.compile
 from ._errors import InPlaceError, KeysDifferError, NodeTypesDifferError, StructureError
 from ._export import dynamic_batch_shapes
 from ._grad import value_and_grad
+from ._nontensor import NonTensor
 from ._ops import cat, empty_like, full_like, ones_like, stack, zeros_like
 from ._tensorclass import is_tensorclass, tensorclass
 from ._tree import OPTREE_NAMESPACE
@@ -86,6 +87,7 @@ __all__ = [
     "MemoryMappedTensor",
     "NodeTypesDifferError",
     "SafetensorsFormatError",
+    "NonTensor",
     "StoreCleanupWarning",
     "StoreReplacedError",
     "StructureError",

@@ -18,8 +18,10 @@ from . import _ops as ops
 from ._compat import DisableTorchFunctionSubclass
 from ._dispatch import _DUNDER, _DUNDER_ALIASED, _HANDLERS, _NO_HANDLER, _PYTREE_PASSTHROUGH
 from ._keys import ABSENT, Key, as_path, get_path, is_key
+from ._nontensor import NonTensor
+from ._nontensor import compare as nontensor_compare
 from ._ops import _lift
-from ._tree import Node, leaves, shallow_copy
+from ._tree import Node, leaves, leaves_and_nontensors, map_leaves, shallow_copy
 
 T = TypeVar("T", bound="Container")
 
@@ -236,7 +238,8 @@ class Container(Node):
             >>> td.get(("n", "b")).shape, td.get("zz", 0)
             (torch.Size([2]), 0)
         """
-        return get_path(self, as_path(key), default)
+        v = get_path(self, as_path(key), default)
+        return v.value if isinstance(v, NonTensor) else v
 
     def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
         """Keys of the entries (``None`` fields are skipped): strings at the top level, tuples
@@ -935,10 +938,10 @@ class Container(Node):
         return _binop(operator.xor, other, self)
 
     def __eq__(self: T, other: Any) -> T:  # type: ignore[override]
-        return _binop(operator.eq, self, other)
+        return _compare_nontensors(_binop(operator.eq, self, other), self, other, False)
 
     def __ne__(self: T, other: Any) -> T:  # type: ignore[override]
-        return _binop(operator.ne, self, other)
+        return _compare_nontensors(_binop(operator.ne, self, other), self, other, True)
 
     def __lt__(self: T, other: Any) -> T:
         return _binop(operator.lt, self, other)
@@ -1130,6 +1133,22 @@ _is_tensor = torch.is_tensor
 
 def _operand(x: Any) -> bool:
     return isinstance(x, _SUPPORTED) or _is_tensor(x)
+
+
+def _compare_nontensors(out: Any, a: Any, b: Any, negate: bool) -> Any:
+    """``a == b`` / ``a != b`` (``out``, tensors compared) with every non-tensor leaf
+    compared too, per batch position: a bool tensor in its place (as tensordict)."""
+    if out is NotImplemented:
+        return out
+    ls, nts = leaves_and_nontensors(out)
+    if not nts:
+        return out
+    other = leaves_and_nontensors(b)[1] if isinstance(b, Node) else [(None, b)] * len(nts)
+    cmp = [
+        nontensor_compare(x, y, bs, negate)
+        for (bs, x), (_, y) in zip(leaves_and_nontensors(a)[1], other)
+    ]
+    return map_leaves(out, ls, None, nts=cmp)
 
 
 def _binop(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:

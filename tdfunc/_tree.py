@@ -31,6 +31,9 @@ from torch import Tensor
 
 from . import _errors as E
 from ._compat import is_batchedtensor, pytree
+from ._nontensor import NonTensor
+from ._nontensor import from_json as _nontensor_from_json
+from ._nontensor import to_json as _nontensor_to_json
 from ._twins import traced_as
 
 Key = str | tuple[str, ...]
@@ -124,6 +127,8 @@ def describe_child(v: Any, indent: int) -> str:
         return f"Tensor(shape={tuple(v.shape)}, dtype={v.dtype})"
     if isinstance(v, Node):
         return v._tdf_repr(indent + 1)
+    if isinstance(v, NonTensor):
+        return repr(v.value) if v.shape is None else f"NonTensor(per_sample, shape={v.shape})"
     return repr(v)
 
 
@@ -172,7 +177,7 @@ def _collect(node: Node, out: list[Tensor]) -> None:
     for v in node._data.values() if node._tdf_dict_layout else node._tdf_children():
         if isinstance(v, Tensor):
             append(v)
-        elif v is not None:
+        elif isinstance(v, Node):
             _collect(v, out)
 
 
@@ -181,6 +186,32 @@ def leaves(node: Node) -> list[Tensor]:
     out: list[Tensor] = []
     _collect(node, out)
     return out
+
+
+def _collect_split(node: Node, out: list[Tensor], nts: list[tuple[torch.Size, NonTensor]]) -> None:
+    for v in node._data.values() if node._tdf_dict_layout else node._tdf_children():
+        if isinstance(v, Tensor):
+            out.append(v)
+        elif isinstance(v, Node):
+            _collect_split(v, out, nts)
+        elif isinstance(v, NonTensor):
+            nts.append((node._batch_size, v))
+
+
+def leaves_and_nontensors(node: Node) -> tuple[list[Tensor], list[tuple[torch.Size, NonTensor]]]:
+    """The tensor leaves of ``node`` (as :func:`leaves`) and its non-tensor leaves, each with
+    the batch size of the node holding it, in the order :func:`rebuild` meets them (one walk).
+
+    Example:
+        >>> import torch, tdfunc
+        >>> ls, nts = leaves_and_nontensors(tdfunc.TensorDict(a=torch.zeros(2), t="x", batch_size=[2]))
+        >>> len(ls), nts
+        (1, [(torch.Size([2]), NonTensor('x'))])
+    """
+    out: list[Tensor] = []
+    nts: list[tuple[torch.Size, NonTensor]] = []
+    _collect_split(node, out, nts)
+    return out, nts
 
 
 def flat_leaves(node: Node) -> list[Tensor] | None:
@@ -232,7 +263,7 @@ def _collect_paths(node: Node, prefix: KeyPath, out: list[tuple[KeyPath, Tensor]
     for k, v in zip(node._tdf_keys(), node._tdf_children()):
         if isinstance(v, Tensor):
             out.append(((*prefix, k), v))
-        elif v is not None:
+        elif isinstance(v, Node):
             _collect_paths(v, (*prefix, k), out)
 
 
@@ -257,6 +288,7 @@ def rebuild(
     batch_size: torch.Size | None,
     device: torch.device | None,
     keep_extra: bool = True,
+    nts: Iterator[Any] | None = None,
 ) -> Any:
     """The one rebuild: ``node``'s structure with new leaves taken from ``it`` (trusted).
 
@@ -264,6 +296,10 @@ def rebuild(
     elementwise ops: nothing to recompute). Nested nodes take the parent's new batch size
     followed by their own extra dims (those beyond the parent's) when ``keep_extra``; exactly
     the parent's otherwise (e.g. after a full reduction).
+
+    Non-tensor leaves take the next value of ``nts`` when given (the ops that move batch
+    positions, in the order of :func:`leaves_and_nontensors`); without it they stay, and a
+    per-sample one must fit its node's new batch size (``TypeError`` naming the key).
     """
     # the elementwise ops (batch_size None) never read a batch size: inside torch.compile
     # that costs no guard on it (type, length, each dim) for any node
@@ -289,12 +325,33 @@ def rebuild(
             else batch_size,
             device,
             keep_extra,
+            nts,
         )
+        if isinstance(v, Node)
+        else _nontensor_child(k, v, nts, batch_size is None, new_bs)
         for k, v in (node._data.items() if layout else zip(node._tdf_keys(), node._tdf_children()))
     }
     if layout:
         return node._tdf_from_data(data, new_bs, device)
     return node._tdf_rebuild(list(data.values()), new_bs, device)
+
+
+def _nontensor_child(
+    key: str, v: Any, nts: Iterator[Any] | None, same_batch: bool, new_bs: torch.Size
+) -> Any:
+    """A non-tensor child in :func:`rebuild`: the next of ``nts``, or ``v`` itself when it
+    still fits (elementwise ops; a shared value; a per-sample one of the same batch)."""
+    if nts is not None:
+        return next(nts)
+    if same_batch or not isinstance(v, NonTensor) or v.shape is None or v.shape == tuple(new_bs):
+        return v
+    from ._nontensor import NONTENSOR_OP
+
+    raise TypeError(
+        NONTENSOR_OP.format(
+            key=repr(key), op="this operation", got=v.shape, batch_size=tuple(new_bs)
+        )
+    )
 
 
 def map_leaves(
@@ -303,13 +360,20 @@ def map_leaves(
     batch_size: torch.Size | None = None,
     device: torch.device | EllipsisType | None = ...,
     keep_extra: bool = True,
+    nts: Sequence[Any] | None = None,
 ) -> Any:
     """Same structure as ``node`` with ``new_leaves`` in place of its leaves (trusted);
-    ``batch_size=None`` keeps every node's batch size."""
+    ``batch_size=None`` keeps every node's batch size. ``nts``: new non-tensor leaves, in
+    the order of :func:`leaves_and_nontensors` (the ops that move batch positions)."""
     if batch_size is None and not keep_extra:
         batch_size = node._batch_size
     return rebuild(
-        node, iter(new_leaves), batch_size, node._device if device is ... else device, keep_extra
+        node,
+        iter(new_leaves),
+        batch_size,
+        node._device if device is ... else device,
+        keep_extra,
+        None if nts is None else iter(nts),
     )
 
 
@@ -350,7 +414,7 @@ def same_structure(a: Any, b: Any) -> bool:
         if xn or yn:
             if not (xn and yn and same_structure(x, y)):
                 return False
-        elif (x is None) != (y is None):
+        elif (x is None) != (y is None) or isinstance(x, NonTensor) != isinstance(y, NonTensor):
             return False
     return True
 
@@ -394,14 +458,15 @@ def _node_context(node: Node, children: Sequence[Any], out: list[Any] | None) ->
 
     ``(keys, batch_dims, child_ndims, device, empty_batch, static, leafless, subs)``:
     ``child_ndims`` holds each child's ndim (batch ndim for nodes; -1 for a ``None`` field, -2
-    for a non-tensor); ``leafless`` the positions of node children without tensor leaves (they
+    for another non-tensor child), or the :class:`NonTensor` leaf itself (kept in the
+    structure, not among the children); ``leafless`` the positions of node children without tensor leaves (they
     follow the parent's batch size at unflatten); ``empty_batch`` the absolute batch size, kept
     only when no child carries tensors. With ``out`` (torch's deep flatten) the children go to
     ``out``, nested nodes flattened in place, and ``subs`` holds ``(position, class token,
     context)`` of each nested node; without it (optree) ``subs`` is empty and nested nodes are
     children of their own.
     """
-    ndims = []
+    ndims: list[Any] = []
     leafless = []
     subs = []
     has_ref = False
@@ -413,6 +478,9 @@ def _node_context(node: Node, children: Sequence[Any], out: list[Any] | None) ->
                 out.append(v)
         elif v is None:
             ndims.append(-1)  # a None field: kept in the structure, not among the children
+        elif isinstance(v, NonTensor):
+            # a non-tensor leaf: the structure holds it (torch.vmap passes it through)
+            ndims.append(v)
         elif isinstance(v, Node):
             ndims.append(len(v._batch_size))
             if out is not None and type(v) in _CLASSES:
@@ -495,7 +563,7 @@ def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
     """
     bd, ndims, leafless = ctx[1], ctx[2], ctx[6]
     for i, (c, nd) in enumerate(zip(children, ndims)):
-        if nd == -1 or (leafless and i in leafless):
+        if nd == -1 or isinstance(nd, NonTensor) or (leafless and i in leafless):
             continue
         if isinstance(c, Tensor):
             moved = c.ndim - nd
@@ -554,6 +622,8 @@ def _unflatten_deep(cls_rebuild: Callable[..., Any], it: Iterator[Any], ctx: tup
     for i, nd in enumerate(ndims):
         if nd == -1:
             full.append(None)
+        elif isinstance(nd, NonTensor):
+            full.append(nd)
         elif j < len(subs) and subs[j][0] == i:
             cls = _class_of(subs[j][1])
             full.append(_unflatten_deep(_CLASSES[cls][1], it, subs[j][2]))
@@ -569,9 +639,11 @@ def unflatten_with(cls_rebuild: Callable[..., Any], children: Sequence[Any], ctx
         # torch's unflatten hands exactly the leaves of the spec
         return _unflatten_deep(cls_rebuild, iter(children), ctx)
     ndims = ctx[2]
-    if -1 in ndims:
+    if -1 in ndims or any(isinstance(nd, NonTensor) for nd in ndims):
         it = iter(children)
-        full: list[Any] = [None if nd == -1 else next(it) for nd in ndims]
+        full: list[Any] = [
+            None if nd == -1 else nd if isinstance(nd, NonTensor) else next(it) for nd in ndims
+        ]
     else:
         full = list(children)
     return _build(cls_rebuild, full, ctx)
@@ -614,7 +686,7 @@ def _to_dumpable(ctx: tuple) -> Any:
     return [
         list(keys),
         bd,
-        list(ndims),
+        [_nontensor_to_json(d) if isinstance(d, NonTensor) else d for d in ndims],
         dev,
         None if empty is None else list(empty),
         _static_to_json(static),
@@ -662,7 +734,7 @@ def context_from_json(obj: Any, depth: int = 0) -> tuple:
             and bd <= _MAX_BATCH_DIMS
             and isinstance(ndims, list)
             and len(ndims) == n
-            and all(_is_index(d, -2) for d in ndims)
+            and all(_is_index(d, -2) or isinstance(d, dict) for d in ndims)
             and (dev is None or (isinstance(dev, str) and _DEVICE.fullmatch(dev) is not None))
             and (empty is None or (isinstance(empty, list) and len(empty) == bd))
             and all(_is_index(s) for s in empty or ())
@@ -674,7 +746,7 @@ def context_from_json(obj: Any, depth: int = 0) -> tuple:
             and leafless == sorted(set(leafless))
             and isinstance(subs, list)
             and all(isinstance(x, list) and len(x) == 3 for x in subs)
-            and all(_is_index(x[0]) and x[0] < n and ndims[x[0]] >= 0 for x in subs)
+            and all(_is_index(x[0]) and x[0] < n and _is_index(ndims[x[0]]) for x in subs)
             and [x[0] for x in subs] == sorted({x[0] for x in subs})
             and all(isinstance(x[1], str) for x in subs)
         )
@@ -683,7 +755,7 @@ def context_from_json(obj: Any, depth: int = 0) -> tuple:
     return (
         tuple(keys),
         bd,
-        tuple(ndims),
+        tuple(_nontensor_from_json(d) if isinstance(d, dict) else d for d in ndims),
         dev,
         None if empty is None else tuple(empty),
         tuple((k, _json_scalar_or_tuple(v)) for k, v in static),
@@ -716,7 +788,11 @@ def register(
         # one level (nested nodes are walked through their own registration): key paths
         # name every level, and the leaves come in the order of ``flatten``
         ks, ch = node._tdf_keys(), node._tdf_children()
-        pairs = [(key_entry(k), v) for k, v in zip(ks, ch) if v is not None]
+        pairs = [
+            (key_entry(k), v)
+            for k, v in zip(ks, ch)
+            if v is not None and not isinstance(v, NonTensor)
+        ]
         return pairs, _context(node, ch)
 
     pytree.register_pytree_node(
@@ -733,8 +809,12 @@ def register(
     def _optree_flatten(node: Any) -> tuple[list[Any], tuple, tuple[str, ...]]:
         ks = node._tdf_keys()
         ch = node._tdf_children()
-        kept = [k for k, v in zip(ks, ch) if v is not None]
-        return [v for v in ch if v is not None], _context(node, ch), tuple(kept)
+        kept = [k for k, v in zip(ks, ch) if v is not None and not isinstance(v, NonTensor)]
+        return (
+            [v for v in ch if v is not None and not isinstance(v, NonTensor)],
+            _context(node, ch),
+            tuple(kept),
+        )
 
     def _optree_unflatten(ctx: Any, children: Any) -> Any:
         return unflatten_with(rebuild_from_context, children, ctx)

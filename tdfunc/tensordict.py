@@ -11,6 +11,7 @@ from torch import Tensor
 
 from . import _errors as E
 from . import _inplace, _migration
+from . import _nontensor as nontensor
 from . import _ops as ops
 from ._base import Container
 from ._compat import pytree
@@ -53,6 +54,12 @@ def convert_value(
         t = torch.as_tensor(value, device=device)
         _check_prefix(path, t.shape, batch_size, False)
         return t
+    if isinstance(value, (list, tuple)) and nontensor.list_is_numeric(value):
+        t = torch.tensor(value, device=device)  # numbers: a tensor (as tensordict)
+        _check_prefix(path, t.shape, batch_size, False)
+        return t
+    if isinstance(value, (list, tuple)) or nontensor.is_nontensor_candidate(value):
+        return nontensor.from_user(path, value, batch_size)
     raise TypeError(
         E.BAD_VALUE.format(key=fmt_key(path), typ=type(value).__name__, cls="TensorDict")
     )
@@ -239,9 +246,10 @@ class TensorDict(Container, metaclass=_TensorDictType):
             v = self._data.get(key, MISSING)
             if v is MISSING:
                 raise KeyError(missing_message(self, (key,), 0))
-            return v
+            return v.value if isinstance(v, nontensor.NonTensor) else v
         if is_key(key):
-            return get_path(self, key)
+            v = get_path(self, key)
+            return v.value if isinstance(v, nontensor.NonTensor) else v
         return ops.index(self, key)
 
     def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:

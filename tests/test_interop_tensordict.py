@@ -114,12 +114,12 @@ def test_tdfunc_memory_mapped_leaves_stay_mapped(tmp_path):
         out["a"].add_(1)
 
 
-def test_non_tensor_data_needs_a_static_field():
+def test_non_tensor_data_is_a_non_tensor_leaf():
     src = tensordict.TensorDict(x=torch.zeros(2), batch_size=[2])
     src["label"] = tensordict.NonTensorData("hi")
-    msg = E.NON_TENSOR_VALUE.format(key="'label'", typ="str")
-    with pytest.raises(TypeError, match=re.escape(msg)):
-        from_tensordict(src)
+    td = from_tensordict(src)
+    assert td["label"] == "hi"
+    assert not td.items()[1][1].is_per_sample
 
 
 def test_not_a_tensordict_input():
@@ -204,12 +204,11 @@ def test_tensorclass_without_target_class_gives_tensordicts():
     assert td["inner", "v"] is obs.inner.v
 
 
-def test_tensorclass_missing_static_target_is_an_error():
+def test_tensorclass_without_target_keeps_static_values_as_non_tensor_leaves():
     src = TDObs(x=torch.zeros(2), inner=TDInner(v=torch.ones(2), batch_size=[2]), batch_size=[2])
-    with pytest.raises(
-        TypeError, match=re.escape(E.NON_TENSOR_VALUE.format(key="'label'", typ="str"))
-    ):
-        from_tensordict(src)
+    td = from_tensordict(src)
+    assert isinstance(td, TensorDict)
+    assert td["label"] == src.label
 
 
 # ------------------------------------------------------------------ what cannot convert
@@ -279,13 +278,14 @@ def test_lazy_stack_that_agrees_converts_with_every_key():
     assert td["n", "z"][1].tolist() == [[1.0, 1.0]] * 3
 
 
-def test_non_tensor_data_in_a_lazy_stack_is_refused():
+def test_non_tensor_data_in_a_lazy_stack_is_per_sample():
     a = tensordict.TensorDict(x=torch.zeros(3))
     b = tensordict.TensorDict(x=torch.zeros(3))
     a["label"] = "a"
     b["label"] = "b"
-    with pytest.raises(TypeError, match=re.escape("key 'label' holds a non-tensor value")):
-        from_tensordict(tensordict.lazy_stack([a, b]))
+    td = from_tensordict(tensordict.lazy_stack([a, b]))
+    assert td["label"] == ("a", "b")
+    assert td[1]["label"] == "b"
 
 
 def test_tensordict_errors_do_not_escape(monkeypatch):

@@ -33,6 +33,7 @@ from .._keys import (
     set_path,
     walk,
 )
+from .._nontensor import NonTensor
 from .._tree import KeyPath, Node, has_leaves, leaves, map_leaves
 from ._indexing import index
 from ._shape import _shape_arg
@@ -65,7 +66,14 @@ def _entries(node: Any) -> list[tuple[str, Any]]:
 
 
 def _as_dicts(node: Any, leaf: Any) -> dict[str, Any]:
-    return {k: (_as_dicts(v, leaf) if isinstance(v, Node) else leaf(v)) for k, v in _entries(node)}
+    return {
+        k: _as_dicts(v, leaf)
+        if isinstance(v, Node)
+        else v.value
+        if isinstance(v, NonTensor)
+        else leaf(v)
+        for k, v in _entries(node)
+    }
 
 
 def tolist(node: Any, *, convert_tensors: bool = False) -> Any:

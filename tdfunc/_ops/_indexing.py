@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .. import _errors as E
+from .. import _nontensor as nontensor
 from .._compat import is_batchedtensor
 from .._tree import is_node, leaves, map_leaves
 from ._math import as_operand
@@ -101,6 +102,9 @@ def index(node: Any, idx: Any) -> Any:
     else:
         parts = normalize_index(idx, node._batch_size)
         key = parts[0] if len(parts) == 1 else parts  # x[i] is cheaper than x[(i,)]
+    if isinstance(key, (int, slice)) and not isinstance(key, bool):
+        # non-tensor leaves: indexed in Python (no graph break)
+        return _map_shape(node, lambda x: x[key], lambda nt: nontensor.getitem(nt, key))
     return _map_shape(node, lambda x: x[key])
 
 

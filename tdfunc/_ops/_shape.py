@@ -14,7 +14,9 @@ import torch
 from torch import Tensor
 
 from .. import _errors as E
-from .._tree import leaves, map_leaves
+from .. import _nontensor as nontensor
+from .._nontensor import NonTensor
+from .._tree import leaves_and_nontensors, map_leaves
 from ._structure import _needs_a_batch_dim, norm_dim
 
 
@@ -26,7 +28,7 @@ def _probe(node: Any) -> tuple[Tensor, int]:
     for v in node._tdf_children():
         if isinstance(v, Tensor):
             return v, v.ndim - len(node._batch_size)
-        if v is not None:
+        if v is not None and not isinstance(v, NonTensor):
             t, _ = _probe(v)
             return t, t.ndim - len(node._batch_size)
     return torch.empty(node._batch_size, device="meta"), 0
@@ -36,17 +38,32 @@ def _batch_of(result: Tensor, feat: int) -> torch.Size:
     return result.shape[: result.ndim - feat]
 
 
-def _map_shape(node: Any, fn: Callable[[Tensor], Tensor]) -> Any:
-    """Apply a batch-dims-only shape function to every leaf; derive the new batch size."""
-    ls = leaves(node)
+def _map_shape(
+    node: Any,
+    fn: Callable[[Tensor], Tensor],
+    nt_fn: Callable[[NonTensor], NonTensor] | None = None,
+) -> Any:
+    """Apply a batch-dims-only shape function to every leaf; derive the new batch size.
+
+    Per-sample non-tensor leaves follow the batch through ``fn`` applied to their positions
+    (``nontensor.map_batch``), or through ``nt_fn`` when given (a Python rule of the same op).
+    """
+    ls, nts = leaves_and_nontensors(node)
+    new_nts = None
+    if nts:
+        new_nts = (
+            [nt_fn(nt) for _, nt in nts]
+            if nt_fn is not None
+            else nontensor.map_batch(nts, fn, ls[0].device if ls else None)
+        )
     if ls:
         out = [fn(x) for x in ls]
         first = ls[0]
         # feature ndim of the first leaf, relative to the root's batch dims
         feat = first.ndim - len(node._batch_size)
-        return map_leaves(node, out, _batch_of(out[0], feat))
+        return map_leaves(node, out, _batch_of(out[0], feat), nts=new_nts)
     meta = fn(torch.empty(node._batch_size, device="meta"))
-    return map_leaves(node, [], meta.shape)
+    return map_leaves(node, [], meta.shape, nts=new_nts)
 
 
 def _shape_arg(shape: tuple[Any, ...], op: str) -> tuple[Any, ...]:

@@ -4,15 +4,17 @@ one structure, leaf shapes checked), and ``unbind``, ``split`` and ``chunk``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .. import _errors as E
+from .. import _nontensor as nontensor
 from .._keys import fmt_key
-from .._tree import leaves, leaves_with_paths, map_leaves
+from .._nontensor import NonTensor
+from .._tree import leaves, leaves_and_nontensors, leaves_with_paths, map_leaves
 from ._shape import _probe
 from ._structure import _needs_a_batch_dim, check_same_structure, norm_dim
 
@@ -71,11 +73,15 @@ def stack(nodes: Sequence[Any], dim: int = 0) -> Any:
                     op="stack", index=i, got=tuple(n._batch_size), expected=tuple(bs)
                 )
             )
-    columns = [leaves(n) for n in nodes]
+    split = [leaves_and_nontensors(n) for n in nodes]
+    columns = [ls for ls, _ in split]
     _check_leaf_shapes(nodes, columns, "stack", None)
     out = [torch.stack(c, d) for c in zip(*columns)]
     new_bs = bs[:d] + torch.Size([len(nodes)]) + bs[d:]
-    return map_leaves(first, out, new_bs)
+    nts = None
+    if split[0][1]:
+        nts = nontensor.combine([n for _, n in split], lambda ix: torch.stack(ix, d), True, d)
+    return map_leaves(first, out, new_bs, nts=nts)
 
 
 def cat(nodes: Sequence[Any], dim: int = 0) -> Any:
@@ -100,21 +106,53 @@ def cat(nodes: Sequence[Any], dim: int = 0) -> Any:
             raise ValueError(
                 E.STACK_SHAPE.format(op="cat", index=i, got=tuple(nb), expected=tuple(bs))
             )
-    columns = [leaves(n) for n in nodes]
+    split = [leaves_and_nontensors(n) for n in nodes]
+    columns = [ls for ls, _ in split]
     _check_leaf_shapes(nodes, columns, "cat", d)
     out = [torch.cat(c, d) for c in zip(*columns)]
     new_bs = bs[:d] + torch.Size([sum(n._batch_size[d] for n in nodes)]) + bs[d + 1 :]
-    return map_leaves(first, out, new_bs)
+    nts = None
+    if split[0][1]:
+        nts = nontensor.combine([n for _, n in split], lambda ix: torch.cat(ix, d), False, d)
+    return map_leaves(first, out, new_bs, nts=nts)
 
 
 def _split_results(
-    node: Any, pieces_per_leaf: Sequence[Sequence[Tensor]], shapes: Sequence[torch.Size]
+    node: Any,
+    pieces_per_leaf: Sequence[Sequence[Tensor]],
+    shapes: Sequence[torch.Size],
+    nt_pieces: Sequence[Sequence[NonTensor]] = (),
 ) -> tuple[Any, ...]:
+    """One container per piece; ``nt_pieces[j][p]``: piece ``p`` of non-tensor leaf ``j``."""
     out = []
     n_pieces = len(shapes)
     for p in range(n_pieces):
-        out.append(map_leaves(node, [pl[p] for pl in pieces_per_leaf], shapes[p]))
+        nts = [pl[p] for pl in nt_pieces] if nt_pieces else None
+        out.append(map_leaves(node, [pl[p] for pl in pieces_per_leaf], shapes[p], nts=nts))
     return tuple(out)
+
+
+def _nt_pieces(
+    node: Any,
+    fn: Callable[[Tensor], Sequence[Tensor]],
+    d: int,
+    first_dim: Sequence[int | slice],
+) -> list[list[NonTensor]]:
+    """The pieces of the non-tensor leaves of ``node`` under the split function ``fn``
+    (``first_dim``: the same pieces as ints / slices, used when ``d`` is the first dim)."""
+    _, nts = leaves_and_nontensors(node)
+    if not nts:
+        return []
+    return nontensor.map_batch_multi(nts, fn, first_dim if d == 0 else None)
+
+
+def _slices(sizes: Sequence[int]) -> list[slice]:
+    """Consecutive slices of the given sizes."""
+    out, start = [], 0
+    for s in sizes:
+        out.append(slice(start, start + s))
+        start += s
+    return out
 
 
 def unbind(node: Any, dim: int = 0) -> tuple[Any, ...]:
@@ -131,7 +169,9 @@ def unbind(node: Any, dim: int = 0) -> tuple[Any, ...]:
     ls = leaves(node)
     new_bs = bs[:d] + bs[d + 1 :]
     pieces = [x.unbind(d) for x in ls]
-    return _split_results(node, pieces, [new_bs] * bs[d])
+    return _split_results(
+        node, pieces, [new_bs] * bs[d], _nt_pieces(node, lambda x: x.unbind(d), d, range(bs[d]))
+    )
 
 
 def split(node: Any, split_size: int | Sequence[int], dim: int = 0) -> tuple[Any, ...]:
@@ -152,7 +192,12 @@ def split(node: Any, split_size: int | Sequence[int], dim: int = 0) -> tuple[Any
     # the probe validated split_size; split_with_sizes skips re-deriving the sizes per leaf
     pieces = [x.split_with_sizes(sizes, d) for x in leaves(node)]
     shapes = [bs[:d] + torch.Size([s]) + bs[d + 1 :] for s in sizes]
-    return _split_results(node, pieces, shapes)
+    return _split_results(
+        node,
+        pieces,
+        shapes,
+        _nt_pieces(node, lambda x: x.split_with_sizes(sizes, d), d, _slices(sizes)),
+    )
 
 
 def chunk(node: Any, chunks: int, dim: int = 0) -> tuple[Any, ...]:
@@ -164,4 +209,9 @@ def chunk(node: Any, chunks: int, dim: int = 0) -> tuple[Any, ...]:
     sizes = [p.shape[d] for p in torch.chunk(probe, chunks, d)]
     pieces = [torch.chunk(x, chunks, d) for x in leaves(node)]
     shapes = [bs[:d] + torch.Size([s]) + bs[d + 1 :] for s in sizes]
-    return _split_results(node, pieces, shapes)
+    return _split_results(
+        node,
+        pieces,
+        shapes,
+        _nt_pieces(node, lambda x: x.split_with_sizes(sizes, d), d, _slices(sizes)),
+    )

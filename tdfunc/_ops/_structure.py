@@ -239,5 +239,5 @@ def _check_node(
                     )
                     + f" (after {what})"
                 )
-        elif v is not None:
+        elif isinstance(v, Node):
             _check_node(v, it, batch_size + v._batch_size[old_bd:], path, what)

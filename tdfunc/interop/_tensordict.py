@@ -9,8 +9,9 @@ target may move them). What does not carry over:
   them, which stacks or indexes into new tensors. A lazy stack whose members do not share
   every key (tensordict would drop the others), or hold tensors of different shapes, dtypes
   or devices under a key, is refused with ``ValueError`` naming the key: no key is dropped;
-* tdfunc containers hold only tensors: a tensordict non-tensor value (``NonTensorData``)
-  becomes a static field of the target tensorclass, or is an error.
+* a tensordict non-tensor value becomes a non-tensor leaf of a :class:`tdfunc.TensorDict`
+  (``NonTensorData``: shared, ``NonTensorStack``: per sample) and back; with a target
+  tensorclass it becomes a static field of it, or is an error.
 
 Memory-mapped leaves of either side stay memory-mapped: the leaf object itself is passed on
 (a ``tensordict.MemoryMappedTensor`` or a :class:`tdfunc.MemoryMappedTensor` is a tensor).
@@ -25,7 +26,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import _nontensor as nontensor
 from .._keys import fmt_key
+from .._nontensor import NonTensor
 from .._tree import KeyPath, is_node
 from ..tensordict import TensorDict
 from . import _errors as E
@@ -101,9 +104,19 @@ def _check_stack(tdm: Any, obj: Any, path: KeyPath) -> None:
             )
 
 
-def _convert_in(tdm: Any, obj: Any, path: KeyPath) -> tuple[TensorDict, dict[str, Any]]:
+def _nontensor_in(tdm: Any, v: Any) -> NonTensor:
+    """A tensordict non-tensor value as a non-tensor leaf (a stack: per sample)."""
+    if isinstance(v, tdm.NonTensorStack):
+        return NonTensor.per_sample(v.tolist(), tuple(v.batch_size))
+    return NonTensor(v.data if isinstance(v, tdm.NonTensorData) else v)
+
+
+def _convert_in(
+    tdm: Any, obj: Any, path: KeyPath, as_leaves: bool = False
+) -> tuple[TensorDict, dict[str, Any]]:
     """A tdfunc TensorDict of ``obj``'s tensors and nested collections, and its non-tensor
-    values (``None`` values are left out: the target's defaults apply)."""
+    values (``None`` values are left out: the target's defaults apply). With ``as_leaves``
+    the non-tensor values are non-tensor leaves of the TensorDict instead, at every depth."""
     inner = obj._tensordict if tdm.is_tensorclass(obj) else obj  # a tensorclass's own data
     if isinstance(inner, tdm.LazyStackedTensorDict):
         _check_stack(tdm, inner, path)
@@ -114,10 +127,12 @@ def _convert_in(tdm: Any, obj: Any, path: KeyPath) -> tuple[TensorDict, dict[str
             continue
         if isinstance(v, Tensor):
             data[k] = v
+        elif as_leaves and (tdm.is_non_tensor(v) or not tdm.is_tensor_collection(v)):
+            data[k] = _nontensor_in(tdm, v) if tdm.is_non_tensor(v) else NonTensor(v)
         elif tdm.is_non_tensor(v):
             static[k] = v.data if isinstance(v, tdm.NonTensorData) else v.tolist()
         elif tdm.is_tensor_collection(v):
-            sub, sub_static = _convert_in(tdm, v, (*path, k))
+            sub, sub_static = _convert_in(tdm, v, (*path, k), as_leaves)
             if sub_static:
                 name = next(iter(sub_static))
                 raise TypeError(
@@ -176,7 +191,7 @@ def from_tensordict(obj: Any, cls: type | None = None, *, copy: bool = False) ->
         raise TypeError(
             E.NOT_A_TENSORCLASS.format(what="from_tensordict(cls=...)", cls=cls, kind="tdfunc")
         )
-    td, static = _convert_in(tdm, obj, ())
+    td, static = _convert_in(tdm, obj, (), cls is None)
     if copy:
         td = td.clone()
     if cls is None:
@@ -216,6 +231,12 @@ def _convert_out(tdm: Any, node: Any, target: type | None) -> Any:
             sub = hints.get(k)
             sub_target = sub if isinstance(sub, type) and tdm.is_tensorclass(sub) else None
             v = _convert_out(tdm, v, sub_target)
+        elif isinstance(v, NonTensor):
+            v = (
+                tdm.NonTensorData(data=v.value, batch_size=node._batch_size)
+                if v.shape is None
+                else tdm.NonTensorStack.from_list(nontensor.to_list(v, v.shape))
+            )
         kwargs[k] = v
     bs = torch.Size(node._batch_size)
     if target is None:

@@ -122,3 +122,9 @@ CLEANUP_FAILED = (
     "the save to {path!r} committed, but the temporary directory {tmp!r} could not be "
     "removed ({reason}); delete it by hand"
 )
+
+NONTENSOR_NOT_JSON = (
+    "key {key}: cannot save a non-tensor value of type {typ}: a store keeps str, numbers, "
+    "bools, None and lists of them (as JSON) and never pickles; convert the value to one "
+    "of those, or exclude the key before saving"
+)

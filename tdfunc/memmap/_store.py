@@ -66,9 +66,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import _nontensor as nontensor
 from .._compat import pytree
 from .._json import loads_unique
 from .._keys import fmt_key
+from .._nontensor import NonTensor
 from .._shapes import SHAPE_UNSAVED, shape_problem
 from .._tensorclass import is_tensorclass, restore
 from .._tree import KeyPath, Node, is_node
@@ -167,6 +169,13 @@ def _describe(node: Node, prefix: KeyPath, layout: _Layout) -> dict[str, Any]:
             children[k] = layout.add(path, v)
         elif is_node(v):
             children[k] = _describe(v, path, layout)
+        elif isinstance(v, NonTensor):
+            if not nontensor.is_json_value(v.value):
+                bad = nontensor.first_non_json(v.value)
+                raise TypeError(
+                    E.NONTENSOR_NOT_JSON.format(key=fmt_key(path), typ=type(bad).__name__)
+                )
+            children[k] = {"kind": "nontensor", **nontensor.to_json(v)}
         else:
             raise TypeError(f"key {fmt_key(path)}: cannot save a child of type {type(v).__name__}")
     static: tuple[tuple[str, Any], ...] = node._tdf_static()
@@ -650,6 +659,7 @@ class _Reader:
         for k, sub in self.field(entry, "children", dict, path).items():
             sub_path = (*path, k)
             kind = self.field(sub, "kind", str, sub_path)
+            kid: Any
             if kind == "none":
                 kid = None
             elif kind == "tensor":
@@ -658,6 +668,13 @@ class _Reader:
                     raise self.corrupt(
                         f"leaf {_where(sub_path)} does not start with batch {list(bs)}"
                     )
+            elif kind == "nontensor":
+                try:  # checked JSON: nothing is unpickled or imported
+                    kid = nontensor.from_json(
+                        {"shape": sub.get("shape"), "value": sub.get("value")}
+                    )
+                except ValueError as e:
+                    raise self.corrupt(f"entry {_where(sub_path)}: {e}") from None
             elif kind == "node":
                 kid = self.node(sub, sub_path)
                 if kid._batch_size[: len(bs)] != bs:
