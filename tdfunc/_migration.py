@@ -439,7 +439,6 @@ MODULE_TABLE: dict[str, Row] = {
     "maybe_dense_stack": Row("tdfunc.stack(tds, dim)"),
     "dense_stack_tds": Row("tdfunc.stack(tds, dim)"),
     "LazyStackedTensorDict": Row(None, NONE_LAZY),
-    "memmap": Row("tdfunc.save(td, path)"),
     "load_memmap": Row("tdfunc.load(path)"),
     "make_tensordict": Row("tdfunc.TensorDict(d, batch_size)"),
     "merge_tensordicts": Row("td.update(other)"),

@@ -113,3 +113,72 @@ def test_inplace_rows_agree_with_the_error() -> None:
             assert hint == f"td = td.{base}(...)", n
         if base in ROWS and ROWS[base].spelling is not None:  # the table: X_ is "td = <X's>"
             assert row.spelling == f"td = {ROWS[base].spelling}", n
+
+
+def test_guide_shows_the_generated_package_table() -> None:
+    text = mt.GUIDE.read_text()
+    assert mt.guide_block(text, mt.MODULE_BEGIN, mt.MODULE_END) == mt.render(mt.MODULE_TABLE), (
+        "docs/guides/migrating.md is out of date: run .venv/bin/python tests/migration_table.py"
+    )
+
+
+def _named(name: str) -> str:
+    """The text an error of the row ``name`` must contain: the row's spelling (for ``X_``
+    the pure spelling :mod:`tdfunc._inplace` gives, which the row agrees with), or the note
+    of a row without one."""
+    if name.endswith("_"):
+        hint = pure_spelling(tdfunc.TensorDict, name)
+        assert hint is not None
+        return hint
+    row = ROWS[name]
+    return row.spelling if row.spelling is not None else row.note
+
+
+def _replayable(name: str) -> Any:
+    """The oracle's tensordict call of ``name`` when it is a method call on the container
+    (``x.name(...)``), which can be replayed on a tdfunc container; else ``None``."""
+    import test_tensordict_oracle as oracle
+
+    case = oracle.case_for(name)
+    spec = getattr(case.ref, "spec", None) if case is not None else None
+    if spec is None and not (case is not None and name.endswith("_")):
+        return None
+    return case
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("name", NAMES)
+def test_the_tensordict_spelling_on_a_tdfunc_container(name: str) -> None:
+    """Every tensordict name, as a tensordict user writes it, on a tdfunc container: it gives
+    tensordict's result (tensordict as the oracle) or raises an error that names the row's
+    tdfunc spelling. A name tdfunc lacks is looked up; a method call the oracle knows is
+    called with tensordict's arguments."""
+    import test_tensordict_oracle as oracle
+
+    d, o = oracle._data(0), oracle._data(1)
+    x, y = oracle._tf(d), oracle._tf(o)
+    before = x.clone()
+    expected = _named(name)
+    if not hasattr(x, name):
+        with pytest.raises(AttributeError) as e:
+            getattr(x, name)
+        assert expected in str(e.value), f"{name}: {e.value} does not name {expected!r}"
+        return
+    case = _replayable(name)
+    if case is None:
+        return  # a property or a call with tdfunc arguments: test_tensordict_oracle runs it
+    error: Exception | None = None
+    try:
+        got = case.ref(x, y)
+    except Exception as e:  # the message is what is checked
+        error = e
+    if error is not None:
+        assert expected in str(error), f"{name}: {error!r} does not name {expected!r}"
+        return
+    ref = oracle._plain(case.ref(oracle._td(d), oracle._td(o)))
+    if case.norm is not None:
+        ref, got = case.norm(ref), case.norm(got)
+    oracle.check(ref, got, name)
+    tdfunc.testing.assert_close(x, before)

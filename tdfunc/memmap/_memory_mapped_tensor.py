@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
+import tempfile
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -474,14 +476,17 @@ class MemoryMappedTensor(Tensor):
         cls,
         shape: Sequence[int] | int,
         dtype: torch.dtype,
-        filename: str | os.PathLike[str],
+        filename: str | os.PathLike[str] | None = None,
         *,
         exist_ok: bool = False,
     ) -> MemoryMappedTensor:
         """A new read-write (``"r+"``) file of ``shape`` and ``dtype``, disk space reserved.
 
         The space is reserved with ``posix_fallocate``, so a full disk is reported here, not
-        as a crash on a later write. The contents read as zeros.
+        as a crash on a later write. The contents read as zeros. Without a ``filename`` (as
+        tensordict's anonymous map) the file is made in a temporary folder and removed at
+        once: the mapping lives as long as the tensor, nothing is left on disk, and the
+        tensor cannot be opened again by name (pickling it raises).
 
         Example:
             >>> import os, tempfile, torch
@@ -489,9 +494,17 @@ class MemoryMappedTensor(Tensor):
             >>> f = os.path.join(tempfile.mkdtemp(), "e.bin")
             >>> MemoryMappedTensor.empty((2, 2), torch.float64, f).shape
             torch.Size([2, 2])
+            >>> MemoryMappedTensor.empty((3,), torch.int64).tolist()  # no file left behind
+            [0, 0, 0]
         """
         shape = as_shape(shape)
         dtype_name(dtype)
+        if filename is None:
+            folder = tempfile.mkdtemp(prefix="tdfunc-anonymous-")
+            try:
+                return cls.empty(shape, dtype, os.path.join(folder, "anonymous.bin"))
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)  # the mapping outlives the file
         fname = os.path.abspath(os.fspath(filename))
         if not exist_ok and os.path.lexists(fname):
             raise FileExistsError(E.FILE_EXISTS.format(filename=fname))
@@ -503,7 +516,7 @@ class MemoryMappedTensor(Tensor):
         cls,
         shape: Sequence[int] | int,
         dtype: torch.dtype,
-        filename: str | os.PathLike[str],
+        filename: str | os.PathLike[str] | None = None,
         *,
         exist_ok: bool = False,
     ) -> MemoryMappedTensor:

@@ -58,6 +58,7 @@ import secrets
 import shutil
 import stat
 import sys
+import tempfile
 import time
 import warnings
 from contextlib import nullcontext
@@ -512,14 +513,20 @@ def save(
 
 
 def memmap_like(
-    td: Any, path: str | os.PathLike[str], *, overwrite: bool = False, progress: bool | None = None
+    td: Any,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    overwrite: bool = False,
+    progress: bool | None = None,
 ) -> Any:
     """A new store at ``path`` with ``td``'s structure, dtypes and shapes, filled with zeros,
     returned loaded read-write (``mode="r+"``): preallocated storage, e.g. a replay buffer.
 
     The disk space is reserved up front (``posix_fallocate``), so a full disk is reported
     here rather than as a crash on a later write. ``overwrite`` and ``progress`` are as in
-    :func:`save`.
+    :func:`save`. Without a ``path`` (tensordict's ``td.memmap_like()``) the store is made
+    in a temporary folder that is removed once it is mapped: the leaves keep their mapping
+    (writes work, nothing is left on disk), and there is no store to ``load`` again.
 
     Example:
         >>> import os, tempfile, torch, tdfunc
@@ -529,6 +536,13 @@ def memmap_like(
         >>> buf["obs"].mode, buf["obs"][0].sum().item()
         ('r+', 8.0)
     """
+    if path is None:
+        folder = tempfile.mkdtemp(prefix="tdfunc-memmap-like-")
+        try:
+            target = _write_store(td, os.path.join(folder, "store"), False, progress, fill=False)
+            return load(target, mode="r+")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # the mappings outlive the files
     target = _write_store(td, path, overwrite, progress, fill=False)
     return load(target, mode="r+")
 

@@ -1,0 +1,242 @@
+"""A tensordict user's first calls on tdfunc: positional ``batch_size``, tensordict's names
+that tdfunc spells differently (each error names the tdfunc spelling), tensordict's keyword
+names (``separator=``, ``inplace=``, ``consolidate``'s options), the order of
+``keys(include_nested=True)``, anonymous memory maps and ``memmap_like`` without a path.
+tensordict is the oracle where it is installed."""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+import pickle
+import re
+import tempfile
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import tdfunc
+from tdfunc import _migration
+
+
+def nested() -> tdfunc.TensorDict:
+    return tdfunc.TensorDict(
+        {
+            "a": torch.rand(3, 2),
+            "n": {"b": torch.rand(3), "m": {"c": torch.rand(3, 4)}},
+            "z": torch.rand(3),
+        },
+        [3],
+    )
+
+
+# ---------------------------------------------------------------------------- construction
+def test_batch_size_is_the_second_positional_argument_as_in_tensordict() -> None:
+    T = pytest.importorskip("tensordict")
+    d = {"a": torch.rand(4, 3), "n": {"b": torch.rand(4)}}
+    ours = tdfunc.TensorDict(d, [4])
+    ref = T.TensorDict(d, [4])
+    assert ours.batch_size == ref.batch_size == torch.Size([4])
+    assert ours["n"].batch_size == torch.Size([4])
+    assert tdfunc.TensorDict(d, [4], "cpu").device == T.TensorDict(d, [4], "cpu").device
+    assert tdfunc.TensorDict(d, 4).batch_size == torch.Size([4])
+    # existing calls keep their meaning
+    assert tdfunc.TensorDict(d, batch_size=[4]).batch_size == torch.Size([4])
+    assert tdfunc.TensorDict(a=torch.zeros(2)).keys() == ["a"]
+    assert tdfunc.TensorDict(d).batch_size == torch.Size([])
+    with pytest.raises(ValueError, match=r"key 'a'.*\(4, 3\).*\(5,\)"):
+        tdfunc.TensorDict(d, [5])
+
+
+def test_positional_batch_size_compiles_fullgraph_without_recompiles() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        td = tdfunc.TensorDict({"x": x, "y": x * 2}, [x.shape[0]])
+        return (td * 2)["y"]
+
+    cnt = CompileCounterWithBackend("eager")
+    g = torch.compile(f, fullgraph=True, backend=cnt)
+    x, y = torch.rand(4, 3), torch.rand(4, 3)
+    torch.testing.assert_close(g(x), f(x))
+    torch.testing.assert_close(g(y), f(y))  # new values: no recompile
+    assert cnt.frame_count == 1
+
+
+def test_tensorclass_keeps_batch_size_keyword_only_as_tensordict() -> None:
+    T = pytest.importorskip("tensordict")
+
+    @T.tensorclass
+    class Ref:
+        x: torch.Tensor
+
+    @tdfunc.tensorclass
+    class Ours:
+        x: torch.Tensor
+
+    with pytest.raises(TypeError):
+        Ref(torch.zeros(3), [3])
+    assert (
+        Ours(torch.zeros(3), batch_size=[3]).batch_size
+        == Ref(torch.zeros(3), batch_size=[3]).batch_size
+    )
+
+
+# ---------------------------------------------------------------------------- names
+@pytest.mark.parametrize(
+    ("get", "spelling"),
+    [
+        (lambda td: td.setdefault, "td if key in td else td.set(key, value)"),
+        (lambda td: td.to_module, "tdfunc.functional_call(module, td, args)"),
+        (lambda td: td.memmap, "tdfunc.save(td, path)"),
+        (lambda td: td.memmap_like, "tdfunc.memmap_like(td, path)"),
+        (lambda td: td.save, "tdfunc.save(td, path)"),
+        (lambda td: tdfunc.TensorDict.from_module, "tdfunc.from_module(module)"),
+        (lambda td: tdfunc.TensorDict.load_memmap, "tdfunc.load(path)"),
+        (lambda td: tdfunc.lazy_stack, "tdfunc.stack(tds, dim)"),
+    ],
+)
+def test_a_renamed_name_raises_naming_its_spelling(get, spelling) -> None:
+    td = nested()
+    with pytest.raises(AttributeError, match=re.escape(f"`{spelling}`")):
+        get(td)
+
+
+def test_the_hint_costs_nothing_when_the_name_exists_and_keeps_protocols() -> None:
+    td = nested()
+    assert not hasattr(td, "memmap")
+    assert not hasattr(tdfunc.TensorDict, "from_module")
+    assert not hasattr(tdfunc, "lazy_stack")
+    assert hasattr(td, "set")
+    assert hasattr(tdfunc.TensorDict, "from_dict")
+    assert "_migration" not in type(tdfunc.TensorDict).__dict__  # a plain metaclass hook
+    assert type(tdfunc.TensorDict).__getattr__ is not None
+    tdfunc.testing.assert_close(copy.deepcopy(td), td)
+    tdfunc.testing.assert_close(pickle.loads(pickle.dumps(td)), td)
+    assert getattr(tdfunc.TensorDict, "__no_such_protocol__", None) is None
+    leaves, spec = torch.utils._pytree.tree_flatten(td)
+    tdfunc.testing.assert_close(torch.utils._pytree.tree_unflatten(leaves, spec), td)
+
+
+def test_every_package_row_names_a_spelling_that_exists_or_says_why() -> None:
+    for name, row in _migration.MODULE_TABLE.items():
+        assert not hasattr(tdfunc, name), name
+        with pytest.raises(AttributeError) as e:
+            getattr(tdfunc, name)
+        assert (row.spelling or row.note) in str(e.value), name
+
+
+# ---------------------------------------------------------------------------- keywords
+def test_separator_is_accepted_as_tensordict_spells_it() -> None:
+    T = pytest.importorskip("tensordict")
+    td = nested()
+    ref = tdfunc.to_tensordict(td)
+    flat = td.flatten_keys(separator="/")
+    assert flat.keys() == list(ref.flatten_keys(separator="/").keys())
+    assert flat.keys() == td.flatten_keys("/").keys() == td.flatten_keys(sep="/").keys()
+    back = flat.unflatten_keys(separator="/")
+    tdfunc.testing.assert_close(back, td)
+    assert isinstance(ref, T.TensorDict)
+
+
+@pytest.mark.parametrize(
+    ("call", "spelling"),
+    [
+        (lambda td: td.select("a", inplace=True), "td = td.select(*keys)"),
+        (lambda td: td.exclude("a", inplace=True), "td = td.exclude(*keys)"),
+        (lambda td: td.apply(torch.exp, inplace=True), "td = td.apply(fn, *others)"),
+        (lambda td: td.named_apply(lambda k, x: x, inplace=True), "td = td.named_apply(fn"),
+        (lambda td: td.contiguous(inplace=True), "td = td.contiguous()"),
+        (lambda td: td.consolidate(inplace=True), "td = td.consolidate()"),
+        (lambda td: td.flatten(0, 0, inplace=True), "td = td.flatten(start_dim, end_dim)"),
+        (lambda td: td.unflatten(0, (3, 1), inplace=True), "td = td.unflatten(dim, sizes)"),
+        (lambda td: td.flatten_keys(".", True), "td = td.flatten_keys(separator)"),
+        (lambda td: td.unflatten_keys(".", True), "td = td.unflatten_keys(separator)"),
+        (lambda td: td.set("q", torch.zeros(3), inplace=True), "td = td.set(key, value)"),
+        (lambda td: td.update({"q": torch.zeros(3)}, inplace=True), "td = td.update(other)"),
+    ],
+)
+def test_inplace_true_raises_naming_the_pure_spelling(call, spelling) -> None:
+    td = nested()
+    before = td.clone()
+    with pytest.raises(tdfunc.InPlaceError, match=re.escape(spelling)):
+        call(td)
+    tdfunc.testing.assert_close(td, before)
+
+
+def test_update_inplace_false_is_not_a_key() -> None:
+    td = tdfunc.TensorDict(a=torch.zeros(()))
+    out = td.update({"b": torch.ones(())}, inplace=False)
+    assert out.keys() == ["a", "b"]
+
+
+def test_consolidate_takes_num_threads_and_names_save_for_a_filename() -> None:
+    td = nested()
+    c = td.consolidate(num_threads=2)
+    tdfunc.testing.assert_close(c, td)
+    with pytest.raises(TypeError, match=re.escape("tdfunc.save(td, path)")):
+        td.consolidate(filename="x.bin")
+    with pytest.raises(TypeError, match=re.escape("td.consolidate().to(device)")):
+        td.consolidate(device="cpu")
+
+
+# ---------------------------------------------------------------------------- keys order
+def test_nested_keys_list_a_container_after_its_keys_as_tensordict() -> None:
+    pytest.importorskip("tensordict")
+    td = nested()
+    ref = tdfunc.to_tensordict(td)
+    for args in [(True,), (True, True), (False,), (False, True)]:
+        assert td.keys(*args) == list(ref.keys(*args)), args
+    assert [k for k, _ in td.items(True)] == td.keys(True)
+    assert len(td.values(True)) == len(td.keys(True))
+
+
+# ---------------------------------------------------------------------------- memmap
+def _leftovers(prefix: str) -> list[str]:
+    return glob.glob(os.path.join(tempfile.gettempdir(), prefix + "*"))
+
+
+def test_memory_mapped_tensor_empty_without_a_filename_is_anonymous() -> None:
+    before = _leftovers("tdfunc-anonymous-")
+    t = tdfunc.MemoryMappedTensor.empty((2, 3), torch.float32)
+    assert t.shape == (2, 3)
+    assert t.dtype == torch.float32
+    assert t.mode == "r+"
+    t[0] = 1.0
+    assert t.sum().item() == 3.0
+    assert tdfunc.MemoryMappedTensor.zeros(4, torch.int64).tolist() == [0, 0, 0, 0]
+    assert _leftovers("tdfunc-anonymous-") == before  # nothing left on disk
+    with pytest.raises(tdfunc.StoreReplacedError, match="no longer exists"):
+        pickle.loads(pickle.dumps(t))
+
+
+def test_memmap_like_without_a_path_uses_a_temporary_folder() -> None:
+    T = pytest.importorskip("tensordict")
+    before = _leftovers("tdfunc-memmap-like-")
+    td = nested()
+    buf = tdfunc.memmap_like(td)
+    ref = tdfunc.to_tensordict(td).memmap_like()
+    assert isinstance(ref, T.TensorDict)
+    assert buf.batch_size == ref.batch_size
+    assert buf.keys(True, True) == list(ref.keys(True, True))
+    for k in buf.keys(True, True):
+        assert buf[k].shape == ref[k].shape
+        assert buf[k].dtype == ref[k].dtype
+        assert isinstance(buf[k], tdfunc.MemoryMappedTensor)
+        assert buf[k].mode == "r+"
+    buf["a"][1] = 5.0
+    assert buf["a"].sum().item() == 10.0
+    assert _leftovers("tdfunc-memmap-like-") == before
+
+
+# ---------------------------------------------------------------------------- DataLoader
+def test_dataloader_collate_identity_gives_a_list_default_collate_a_container() -> None:
+    """tensordict's tutorials pass ``collate_fn=lambda x: x`` to a DataLoader over a container
+    (its ``__getitem__`` of a list of indices batches); here the default collate stacks."""
+    data = tdfunc.TensorDict({"x": torch.arange(8.0)}, [8])
+    listed = next(iter(torch.utils.data.DataLoader(data, batch_size=4, collate_fn=lambda x: x)))
+    assert isinstance(listed, list)
+    batch = next(iter(torch.utils.data.DataLoader(data, batch_size=4)))
+    assert tdfunc.is_container(batch)
+    assert batch.batch_size == torch.Size([4])
+    assert batch["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
