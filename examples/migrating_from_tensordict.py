@@ -26,7 +26,7 @@ del old["b"]
 td = tdfunc.TensorDict(a=torch.zeros(4, 3), b=torch.ones(4), batch_size=[4])
 td = td.set("c", x)
 td = td.set("a", x + 1)  # or td.update({"a": x + 1, ...}) for several
-td = td.exclude("b")  # or: b, td = td.pop("b") (pure: the value and the rest)
+td = td.exclude("b")  # or: b, td = td.popped("b") (pure: the value and the rest)
 tdfunc.testing.assert_close(td, tdfunc.from_tensordict(old))
 
 # tensordict's in-place methods have no tdfunc method: the error names the pure spelling

@@ -348,15 +348,18 @@ class Container(Node):
         """
         return ops.rename_keys(self, mapping, strict=strict)
 
-    def pop(self: T, key: Key, default: Any = _keys.MISSING) -> tuple[Any, T]:
-        """PURE, unlike tensordict's: returns ``(value, container without key)`` and leaves
-        this container as it was. Write ``value, td = td.pop(key)``; tensordict's
-        ``td.pop(key)`` deletes the key from ``td`` instead.
+    def popped(self: T, key: Key, default: Any = _keys.MISSING) -> tuple[Any, T]:
+        """``(value, container without key)``; this container is left as it was (``default``
+        is the value when ``key`` is missing, then the container is returned as is).
+
+        The pure counterpart of tensordict's ``td.pop(key)``, which deletes the key from
+        ``td``: ``td.pop`` raises :class:`tdfunc.InPlaceError` naming this spelling,
+        ``value, td = td.popped(key)``.
 
         Example:
             >>> import torch, tdfunc
             >>> td = tdfunc.TensorDict(x=torch.zeros(2, 3), batch_size=[2])
-            >>> value, rest = td.pop("x")
+            >>> value, rest = td.popped("x")
             >>> value.shape, list(rest.keys()), list(td.keys())
             (torch.Size([2, 3]), [], ['x'])
         """

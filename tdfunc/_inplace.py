@@ -57,6 +57,12 @@ SPECIAL: dict[str, str] = {
     "rename_": "none: dim names are not supported (keep names next to the container)",
     "share_memory_": "td = td.apply(lambda x: x.clone().share_memory_())",
     "__setitem__": "td = td.set(key, value) for a key, td = td.at[index].set(value) for an index",
+    # tensordict names without a trailing "_" that write in place there (the pure operation
+    # has a name tensordict does not use, so the same call never means something else)
+    "pop": "value, td = td.popped(key)",
+    "popitem": "value, td = td.popped(td.keys()[-1])",
+    "clear": "td = td.empty()",
+    "setdefault": "td = td if key in td else td.set(key, value)",
     "__delitem__": "td = td.exclude(key)",
 }
 

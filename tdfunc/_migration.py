@@ -285,8 +285,12 @@ TABLE: dict[str, Row] = {
     "separates": Row(
         "td.split_keys(keys)", "returns (the entries, the rest); nothing is removed from `td`"
     ),
-    "pop": Row("value, td = td.pop(key)", "PURE: returns the value and the container without it"),
-    "popitem": Row("value, td = td.pop(td.keys()[-1])"),
+    "pop": Row(
+        "value, td = td.popped(key)",
+        "in place there (`td.pop` raises InPlaceError naming `td.popped`); "
+        "here the value and the container without it",
+    ),
+    "popitem": Row("value, td = td.popped(td.keys()[-1])"),
     "setdefault": Row(
         "td if key in td else td.set(key, value)",
         "tensordict returns the value; tdfunc's spelling the container",

@@ -3,6 +3,7 @@ sizes, the input left as it was, on TensorDict and tensorclass, eager and compil
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -159,21 +160,36 @@ def test_get_at() -> None:
     assert torch.equal(p.get_at("y", 0), p.y[0])
 
 
-def test_pop_is_pure() -> None:
+def test_pop_is_in_place_in_tensordict_so_it_raises_naming_popped() -> None:
     td = nested()
     before = snapshot(td)
-    value, rest = td.pop(("n", "b"))
+    with pytest.raises(tdfunc.InPlaceError, match=re.escape("value, td = td.popped(key)")):
+        td.pop("a")
+    with pytest.raises(tdfunc.InPlaceError, match=re.escape("td.popped(td.keys()[-1])")):
+        td.popitem()
+    with pytest.raises(tdfunc.InPlaceError, match=re.escape("td = td.empty()")):
+        td.clear()
+    with pytest.raises(tdfunc.InPlaceError, match=re.escape("td.set(key, value)")):
+        td.setdefault("a", torch.zeros(4))
+    assert not hasattr(td, "pop")
+    compare(td, before)
+
+
+def test_popped_is_pure() -> None:
+    td = nested()
+    before = snapshot(td)
+    value, rest = td.popped(("n", "b"))
     assert torch.equal(value, td["n", "b"])
     assert rest.keys(include_nested=True, leaves_only=True) == ["a", ("n", "m", "c")]
     assert ("n", "b") in td  # the input still holds it
     compare(td, before)
-    d, same = td.pop("zz", 5)
+    d, same = td.popped("zz", 5)
     assert d == 5
     assert same is td
     with pytest.raises(KeyError, match="zz"):
-        td.pop("zz")
+        td.popped("zz")
     with pytest.raises(TypeError, match="fixed fields"):
-        pair().pop("x")
+        pair().popped("x")
 
 
 def test_split_keys_rename_keys_sorted_keys() -> None:
@@ -303,7 +319,7 @@ def test_split_keys_tensorclass() -> None:
 @pytest.mark.parametrize(
     "op",
     [
-        lambda td: td.pop("a")[1] * 2,
+        lambda td: td.popped("a")[1] * 2,
         lambda td: td.split_keys(["a"])[1] * 2,
         lambda td: tuple(
             p * 2
@@ -324,7 +340,7 @@ def test_split_keys_tensorclass() -> None:
         lambda td: (td.new_full((4,), 0.5) * 2, td.new_tensor([1.0, 2.0]) * 2),
     ],
     ids=[
-        "pop",
+        "popped",
         "split_keys",
         "split_keys_options",
         "rename_keys",

@@ -265,7 +265,7 @@ def test_row_in_place_copy_still_writes_into_the_tensor():
 
 def test_row_pop():
     td = _td()
-    x, rest = td.pop("a")  # pure: the value and the container without it
+    x, rest = td.popped("a")  # pure: the value and the container without it
     assert x.shape == (3, 2)
     assert rest.keys() == ["n"]
     assert td.keys() == ["a", "n"]

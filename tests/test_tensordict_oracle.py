@@ -176,7 +176,7 @@ DTYPES = [
 
 def _popitem_tf(x: Any, y: Any) -> Any:
     k = x.keys()[-1]
-    v, rest = x.pop(k)
+    v, rest = x.popped(k)
     return (k, v), rest
 
 
@@ -360,7 +360,7 @@ CASES: dict[str, Case] = {
     ),
     "split_keys": same("split_keys", ["a", ("n", "c")]),
     "separates": split(lambda x, y: x.separates("a"), lambda x, y: x.split_keys(["a"])[0]),
-    "pop": split(lambda x, y: (x.pop("a"), x), lambda x, y: x.pop("a")),
+    "pop": split(lambda x, y: (x.pop("a"), x), lambda x, y: x.popped("a")),
     "popitem": split(lambda x, y: (x.popitem(), x), _popitem_tf),
     "setdefault": split(
         lambda x, y: (x.setdefault("z", y["b"]), x)[1],

@@ -199,13 +199,14 @@ def pop(node: Any, key: Key, default: Any = MISSING) -> tuple[Any, Any]:
 
     tensordict's ``td.pop(key)`` deletes the key from ``td`` and returns the value; here the
     container is a value, so the container without the key is *returned* and the input is
-    left as it was: write ``value, td = td.pop(key)``. A missing key gives
+    left as it was: write ``value, td = td.popped(key)`` (``td.pop`` raises ``InPlaceError``
+    naming it). A missing key gives
     ``(default, container)`` when ``default`` is given, else ``KeyError``.
 
     Example:
         >>> import torch, tdfunc
         >>> td = tdfunc.TensorDict(a=torch.zeros(1), b=torch.ones(1))
-        >>> value, rest = td.pop("a")
+        >>> value, rest = td.popped("a")
         >>> value.tolist(), rest.keys(), td.keys()
         ([0.0], ['b'], ['a', 'b'])
     """
