@@ -28,6 +28,7 @@ from ._export import dynamic_batch_shapes
 from ._grad import value_and_grad
 from ._nontensor import NonTensor
 from ._ops import cat, empty_like, full_like, ones_like, stack, zeros_like
+from ._ops._pad import pad, pad_sequence
 from ._tensorclass import is_tensorclass, tensorclass
 from ._tree import OPTREE_NAMESPACE
 from ._tree import is_node as is_container
@@ -110,6 +111,8 @@ __all__ = [
     "nn",
     "ones_like",
     "optim",
+    "pad",
+    "pad_sequence",
     "save",
     "save_safetensors",
     "scan",

@@ -274,6 +274,40 @@ PLAIN_OPERAND = (
     "dims. To broadcast it against every leaf as torch would, write it per leaf: "
     "td.apply(lambda x: {spelling})"
 )
+# tensordict's pad / pad_sequence (_ops/_pad.py)
+PAD_SIZE = (
+    "pad: pad_size {pad_size} must hold an even number of sizes, at most two per batch dim "
+    "(batch_size {batch_size}): (dim0_before, dim0_after, dim1_before, dim1_after, ...), "
+    "from the first batch dim on"
+)
+PAD_SEQUENCE_EMPTY = "pad_sequence: list_of_tensordicts is empty; give at least one container"
+PAD_SEQUENCE_SIDE = "pad_sequence: padding_side must be 'left' or 'right', got {side!r}"
+PAD_SEQUENCE_OUT = (
+    "pad_sequence: out= writes into a given container, and containers are values: use the "
+    "result (padded = tdfunc.pad_sequence(samples, ...))"
+)
+PAD_SEQUENCE_MASK_CLASS = (
+    "pad_sequence: return_mask needs TensorDict inputs, got {cls} (a tensorclass has no field "
+    "for the masks); convert them first (tdfunc.TensorDict(sample.to_dict(), "
+    "batch_size=sample.batch_size))"
+)
+PAD_SEQUENCE_LEAF = "pad_sequence: key {key} holds a {typ}; pad_sequence pads tensor leaves only"
+PAD_SEQUENCE_DIM = (
+    "pad_sequence: pad_dim={pad_dim} is out of range for the entry {key} of shape {shape}"
+)
+PAD_SEQUENCE_SHAPES = (
+    "pad_sequence: the entries {key} have shapes {shapes}, which differ in a dim other than "
+    "pad_dim={pad_dim} (dim {dim} of each entry)"
+)
+PAD_SEQUENCE_VALUES = (
+    "pad_sequence: padding_value names {missing}, which name no entry of the containers "
+    "(their entries: {keys})"
+)
+PAD_SEQUENCE_SPLIT_DIM = (
+    "pad_sequence: pad_dim={pad_dim} counts from the last dim of each entry and lands on "
+    "batch dims {dims} of some entries{feature}, so the batch cannot be padded along it, but "
+    "the entry {key} is longer than the batch of the first sample along dim {dim}"
+)
 BATCHDIM_MASK = (
     "{op}: the mask has shape {shape}, but it must have the container's batch_size "
     "{batch_size} (it selects batch entries, as td[mask])"

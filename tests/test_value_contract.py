@@ -140,8 +140,13 @@ def test_apply_keeps_valid_nested_results():
 
 def test_binary_with_broadcasting_tensor_checks_nested_nodes():
     td = _nested_extra()
+    # a plain operand is shaped like the batch: one with more dims is refused before any leaf
+    with pytest.raises(ValueError, match=r"shape \(2, 1, 1\) .* batch_size \(2,\)"):
+        td + torch.ones(2, 1, 1)
+    # a mask with more dims than the batch is broadcast by torch: leaf n.c (2, 3) becomes
+    # (2, 2, 3), which moves the nested batch dims
     with pytest.raises(ValueError, match=r"\('n', 'c'\)"):
-        td + torch.ones(2, 1, 1)  # leaf n.c (2, 3) broadcasts to (2, 2, 3): the batch dims move
+        torch.where(torch.ones(2, 1, 1, dtype=torch.bool), td, 0.0)
 
 
 # ---------------------------------------------------------------------------- 4. operators
@@ -193,12 +198,8 @@ def test_every_binary_operator_both_orders_eager_and_compiled(op, kind, reflecte
         o = other if kind == "number" else other.reshape((2,) + (1,) * (t.ndim - 1))
         return op(o, t) if reflected else op(t, o)
 
-    if kind == "tensor":
-        # a tensor of shape batch_size broadcasts against trailing dims: give it feature dims
-        other = other.reshape(2, 1)
-        td = TensorDict(a=td["a"], batch_size=[2])
-        expected = {"a": op(other, td["a"]) if reflected else op(td["a"], other)}
-    elif kind == "number":
+    if kind in ("number", "tensor"):
+        # a tensor of shape batch_size lines up with the batch dims of every leaf
         expected = {k: leafwise(v) for k, v in td.items(include_nested=True, leaves_only=True)}
     else:
         expected = {
