@@ -74,10 +74,12 @@ $(TSTAMP):
 test-torch: $(TSTAMP)
 	$(THREADS) $(TVENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) --doctest-modules $(TORCH_TESTS)
 
-# a long run of the program fuzzer (make test runs a few hundred programs; this thousands)
+# a long run of the program fuzzers (make test runs a few hundred programs and the op-table
+# slice; this thousands, and 300 random programs over the op table, each checked alone)
 # and of the safetensors differential fuzzer (make test: 300 files; this 10,000)
 fuzz: $(STAMP)
 	TDFUNC_FUZZ_EXAMPLES=$${TDFUNC_FUZZ_EXAMPLES:-3000} $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz.py
+	TDFUNC_FUZZ_EXAMPLES=$${TDFUNC_FUZZ_TABLE_EXAMPLES:-300} $(PY) -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/test_fuzz_table.py -k random_program
 	TDFUNC_SAFETENSORS_FUZZ_EXAMPLES=$${TDFUNC_SAFETENSORS_FUZZ_EXAMPLES:-10000} $(PY) -m pytest -q -p no:cacheprovider tests/test_safetensors_fuzz.py
 
 demo: $(STAMP)
