@@ -490,6 +490,39 @@ def check(prog: Program, *, vmap: bool = True, grad: bool = True, breaks: bool =
             _fail(prog, f"grad: {type(e).__name__}: {e}")
 
 
+def _runs(prog: Program) -> bool:
+    x = make(prog.kind)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prog.function()(x)
+    except Exception:
+        return False
+    return True
+
+
+def check_minimal(prog: Program, **properties: bool) -> None:
+    """:func:`check`; on a failure, the shortest program (steps dropped one at a time while
+    it still runs eagerly and still fails) is the one reported."""
+    try:
+        check(prog, **properties)
+    except Failure as first:
+        failure = first
+        shrunk = True
+        while shrunk:
+            shrunk = False
+            for i in range(len(prog.steps)):
+                cand = Program(prog.kind, prog.start, prog.steps[:i] + prog.steps[i + 1 :])
+                if not cand.steps or not _runs(cand):
+                    continue
+                try:
+                    check(cand, **properties)
+                except Failure as e:
+                    prog, failure, shrunk = cand, e, True
+                    break
+        raise failure from None
+
+
 def check_many(progs: list[Program], what: tuple[str, ...] = ("compile", "vmap", "grad")) -> None:
     """The properties of :func:`check` for many programs at once: one compiled function
     runs them all (one trace), each on its own input; vmap over those torch's vmap allows,
@@ -500,7 +533,9 @@ def check_many(progs: list[Program], what: tuple[str, ...] = ("compile", "vmap",
             _check_all([p for p in progs if w == "compile" or getattr(p, w)], w)
     except Exception as e:
         for p in progs:
-            check(p, vmap=p.vmap and "vmap" in what, grad=p.grad and "grad" in what, breaks=False)
+            check_minimal(
+                p, vmap=p.vmap and "vmap" in what, grad=p.grad and "grad" in what, breaks=False
+            )
         raise AssertionError(f"the programs pass alone but not together: {e}") from e
 
 

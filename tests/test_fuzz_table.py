@@ -20,8 +20,8 @@ from fuzz_table import (
     MADE_INSIDE,
     NO_FORM,
     Program,
-    check,
     check_many,
+    check_minimal,
     covering_programs,
     ops,
     random_programs,
@@ -87,7 +87,7 @@ def test_a_sample_of_the_slice_under_vmap_and_grad(slice_programs: list[Program]
     ids=lambda p: "-".join([p.kind, p.start, *(op.name for op in p.steps)])[:80],
 )
 def test_random_program(prog: Program) -> None:
-    check(prog, vmap=prog.vmap, grad=prog.grad)
+    check_minimal(prog, vmap=prog.vmap, grad=prog.grad)
 
 
 def test_a_failure_prints_a_runnable_program() -> None:
