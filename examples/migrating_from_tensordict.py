@@ -45,19 +45,27 @@ for inplace, pure in [
 
 
 # --8<-- [start:arithmetic]
-# a plain tensor shaped like the batch: tensordict aligns it with the batch dims (one weight
-# per row), tdfunc broadcasts it against each leaf as torch does (its last dims line up)
+# a plain tensor shaped like the batch lines up with the batch dims in both libraries (one
+# weight per row of every leaf, whatever its feature dims)
 w = torch.tensor([1.0, 2.0, 3.0])
-square = torch.rand(3, 3)
-theirs = tensordict.TensorDict(a=square, batch_size=[3]) * w
-ours = tdfunc.TensorDict(a=square, batch_size=[3]) * w
-torch.testing.assert_close(theirs["a"], square * w[:, None])  # the rows
-torch.testing.assert_close(ours["a"], square * w)  # the last dim: a different result
-# per-sample weights in tdfunc: write the alignment out (every leaf, any feature dims)
-rows = tdfunc.TensorDict(a=square, batch_size=[3]).apply(
-    lambda v: v * w.reshape(w.shape + (1,) * (v.ndim - w.ndim))
+leaves = {"a": torch.rand(3, 3), "b": torch.rand(3, 4)}
+theirs = tensordict.TensorDict(leaves, batch_size=[3]) * w
+ours = tdfunc.TensorDict(leaves, batch_size=[3]) * w
+tdfunc.testing.assert_close(ours, tdfunc.from_tensordict(theirs))
+torch.testing.assert_close(ours["a"], leaves["a"] * w[:, None])  # the rows, not the columns
+
+# samples of different lengths: pad_sequence pads and stacks them, masks included
+lengths = [2, 4, 3]
+theirs = tensordict.pad_sequence(
+    [tensordict.TensorDict(obs=torch.ones(n, 5), batch_size=[n]) for n in lengths],
+    return_mask=True,
 )
-torch.testing.assert_close(rows["a"], theirs["a"])
+ours = tdfunc.pad_sequence(
+    [tdfunc.TensorDict(obs=torch.ones(n, 5), batch_size=[n]) for n in lengths],
+    return_mask=True,
+)
+assert ours.batch_size == theirs.batch_size == (3, 4)
+assert torch.equal(ours["masks", "obs"], theirs["masks", "obs"])
 # --8<-- [end:arithmetic]
 
 # --8<-- [start:modules]

@@ -57,7 +57,7 @@ NONE_SHARED = "shared memory: `td.apply(lambda x: x.clone().share_memory_())`; a
 NONE_QUANT = (
     "quantized dtypes: quantize per leaf with `td.apply(...)` and `torch.quantize_per_tensor`"
 )
-NOTE_PLAIN_TENSOR = "a plain tensor `other` is broadcast against each leaf as torch does (last dims); tensordict aligns a batch-shaped one with the batch dims: [the alignment rule](../lifted-ops.md#the-alignment-rule)"
+NOTE_PLAIN_TENSOR = "same: a plain tensor `other` is shaped like the batch, as in tensordict ([the alignment rule](../lifted-ops.md#the-alignment-rule))"
 NONE_MP = "worker processes: `torch.vmap(fn)(td)`, or a `DataLoader` over a dataset of containers"
 
 #: tensordict.TensorDict name -> Row; a spelling starting with ``(`` is the same name called on
@@ -115,7 +115,7 @@ TABLE: dict[str, Row] = {
             "logical_and",
         ]
     },
-    "neg": Row("-td", "or torch.neg(td)"),
+    "neg": same("()"),
     "isreal": same(),
     "mod": Row("td % other", "or td.remainder(other)"),
     "rsub": Row("torch.rsub(td, other)", "or other - td"),
@@ -196,7 +196,11 @@ TABLE: dict[str, Row] = {
     "tensor_split": same("(indices_or_sections, dim)"),
     "gather": same("(dim, index)"),
     "masked_select": same("(mask)"),
-    "pad": Row("torch.nn.functional.pad(td, pad, value=v)", "pads batch dims"),
+    "pad": Row(
+        "tdfunc.pad(td, pad_size, value=v)",
+        "pads batch dims, from the first one on (`torch.nn.functional.pad(td, pad)` takes them "
+        "from the last)",
+    ),
     "expand_as": same("(other)"),
     # ------------------------------------------------------------------ shape
     **{
