@@ -213,7 +213,7 @@ NT = collections.namedtuple("NT", ["a", "b"])
 CASES: dict[str, Case] = {
     **{n: same(n) for n in UNARY},
     **{n: same(n, OTHER) for n in BINARY},
-    "neg": split(lambda x, y: x.neg(), lambda x, y: -x),
+    "neg": same("neg"),
     "neg_": split(lambda x, y: x.neg_(), lambda x, y: -x),
     "isreal": split(lambda x, y: x.isreal(), lambda x, y: x.apply(torch.isreal)),
     "mod": split(lambda x, y: x.mod(y), lambda x, y: x % y),
@@ -265,8 +265,7 @@ CASES: dict[str, Case] = {
     "gather": same("gather", 0, INDEX),
     "masked_select": same("masked_select", MASK),
     "pad": split(
-        lambda x, y: x.pad([1, 0], value=0.5),
-        lambda x, y: torch.nn.functional.pad(x, [1, 0], value=0.5),
+        lambda x, y: x.pad([1, 0], value=0.5), lambda x, y: tdfunc.pad(x, [1, 0], value=0.5)
     ),
     "expand_as": split(
         lambda x, y: x.expand_as(y.expand(2, 3)), lambda x, y: x.expand_as(y.expand(2, 3))
@@ -634,6 +633,39 @@ def test_same_as_tensordict(name: str) -> None:
     check(ref, got, name)
     tdfunc.testing.assert_close(x, before)  # the input is left as it was
     assert x.batch_size == before.batch_size
+
+
+#: the rows of the op table with a plain tensor operand ``w`` shaped like the batch: it lines
+#: up with the batch dims (leaves "a" [3, 4], "b" [3], "n.c" [3, 2]), as in tensordict
+W = torch.tensor([0.5, 1.0, 2.0])
+PLAIN_OPERAND: dict[str, Callable[[Any], Any]] = {
+    **{n: (lambda x, n=n: getattr(x, n)(W)) for n in BINARY},
+    "rsub": lambda x: W - x,
+    "lerp": lambda x: x.lerp(x * 2, W),
+    "clamp": lambda x: x.clamp(min=W * 0.5),
+    "where": lambda x: x.where(MASK, W),
+    "gt": lambda x: x > W,
+    "eq": lambda x: x == W,
+}
+
+
+@pytest.mark.parametrize("name", list(PLAIN_OPERAND))
+def test_a_batch_shaped_plain_operand_same_as_tensordict(name: str) -> None:
+    """tensordict's ``where`` with a plain tensor ``other`` broadcasts it against each leaf
+    as torch does (an error on these leaves): tdfunc lines it up with the batch, as tensordict
+    does in arithmetic; compared with the per-leaf spelling there."""
+    d = _data(0)
+    x = _tf(d)
+    got = PLAIN_OPERAND[name](x)
+    if name == "where":
+        ref = x.apply(
+            lambda v: v.where(
+                MASK.reshape(3, *(1,) * (v.ndim - 1)), W.reshape(3, *(1,) * (v.ndim - 1))
+            )
+        )
+    else:
+        ref = _plain(PLAIN_OPERAND[name](_td(d)))
+    check(ref, got, name)
 
 
 FILL: Any = object()  # placeholder: a batch-shaped tensor of the side's library
