@@ -29,6 +29,7 @@ from ._grad import value_and_grad
 from ._nontensor import NonTensor
 from ._ops import cat, empty_like, full_like, ones_like, stack, zeros_like
 from ._ops._pad import pad, pad_sequence
+from ._ragged import JaggedOpError
 from ._tensorclass import is_tensorclass, tensorclass
 from ._tree import OPTREE_NAMESPACE
 from ._tree import is_node as is_container
@@ -83,12 +84,13 @@ __all__ = [
     "Container",
     "DonatedError",
     "InPlaceError",
+    "JaggedOpError",
     "KeysDifferError",
     "MemmapFormatError",
     "MemoryMappedTensor",
     "NodeTypesDifferError",
-    "SafetensorsFormatError",
     "NonTensor",
+    "SafetensorsFormatError",
     "StoreCleanupWarning",
     "StoreReplacedError",
     "StructureError",

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from .. import _errors as E
 from .._compat import pad_sequence_op
+from .._ragged import refuse as refuse_jagged
 from .._tree import is_node, leaves, map_leaves
 from ._indexing import index
 from ._math import elementwise
@@ -379,6 +380,8 @@ def _lift(
                 )
             slots.append((i, n, v, True))
     ls = leaves(node)
+    if any_dim and not whole:  # torch defines no op on the batch dim alone of a jagged leaf
+        refuse_jagged(node, name, "", ls)
     if not ls:  # no leaves: the batch size from a meta tensor of the batch shape
         ls = [torch.empty(bs, device="meta")]
         slots = [(i, n, v.to("meta"), al) for i, n, v, al in slots if not isinstance(v, list)]
@@ -617,7 +620,9 @@ def reduce(node: Any, name: str, dim: Any = None, keepdim: bool = False, **kwarg
     if not bs:  # dim 0 / -1 of a 0-d batch: the rule's 0-d path
         return _RULES[fn](node, dims, keepdim=keepdim, **kwargs)
     # the hot path of td.sum(0) & co: the dims are known batch dims, nothing to bind
-    out = [fn(x, dims, keepdim=keepdim, **kwargs) for x in leaves(node)]
+    ls = leaves(node)
+    refuse_jagged(node, name, "", ls)  # torch reduces a jagged batch dim only with its ragged dim
+    out = [fn(x, dims, keepdim=keepdim, **kwargs) for x in ls]
     new_bd = len(bs) if keepdim else len(bs) - len(dims)
     if out:  # the batch size read from the first result, as _result does
         return map_leaves(node, out, out[0].shape[:new_bd], node._device, True)

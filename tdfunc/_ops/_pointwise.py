@@ -38,6 +38,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._compat import OpOverload, OpOverloadPacket, unary_foreach
+from .._ragged import align as jagged_align
+from .._ragged import call_aligned as jagged_call_aligned
 from .._tree import flat_leaves, is_node, leaves, rebuild_flat, with_leaves
 from .._twins import constant_when_traced, traced_as
 from ._math import _can_foreach, check_plain_operand, fits_batch
@@ -403,6 +405,9 @@ def _one_container(
     calls: dict[int, tuple[list[Any], dict[str, Any]]] = {}
     out = []
     for leaf in ls:
+        if (views or kviews) and leaf.is_nested:  # a jagged leaf: masks as jagged tensors
+            out.append(jagged_call_aligned(func, leaf, args, kwargs, pos, views, kviews))
+            continue
         nd = leaf.ndim
         call = calls.get(nd)
         if call is None:
@@ -482,11 +487,14 @@ def lift(
             out = []
             for j, leaf in enumerate(ls):
                 a = [c[j] if c is not None else v for v, c in zip(args, acols)]
+                jagged = leaf.is_nested  # masks as jagged tensors of its rows
                 for i, lead in views:
-                    a[i] = view(args[i], i, lead, leaf.ndim)
+                    m = args[i]
+                    a[i] = jagged_align(m, lead, leaf) if jagged else view(m, i, lead, leaf.ndim)
                 kw = {k: (kcols[k][j] if k in kcols else v) for k, v in kwargs.items()}
                 for k, lead in kviews:
-                    kw[k] = view(kwargs[k], k, lead, leaf.ndim)
+                    m = kwargs[k]
+                    kw[k] = jagged_align(m, lead, leaf) if jagged else view(m, k, lead, leaf.ndim)
                 out.append(func(*a, **kw))
     if out and isinstance(out[0], tuple):
         return _tuple_result(ref, out)

@@ -16,6 +16,7 @@ from torch import Tensor
 from .. import _errors as E
 from .. import _nontensor as nontensor
 from .._nontensor import NonTensor
+from .._ragged import map_batch as jagged_map_batch
 from .._tree import leaves_and_nontensors, map_leaves
 from ._structure import _needs_a_batch_dim, norm_dim
 
@@ -27,8 +28,9 @@ def _probe(node: Any) -> tuple[Tensor, int]:
     """
     for v in node._tdf_children():
         if isinstance(v, Tensor):
-            return v, v.ndim - len(node._batch_size)
-        if v is not None and not isinstance(v, NonTensor):
+            if not v.is_nested:  # a jagged leaf's shape holds a ragged size: not a probe
+                return v, v.ndim - len(node._batch_size)
+        elif v is not None and not isinstance(v, NonTensor):
             t, _ = _probe(v)
             return t, t.ndim - len(node._batch_size)
     return torch.empty(node._batch_size, device="meta"), 0
@@ -57,7 +59,7 @@ def _map_shape(
             else nontensor.map_batch(nts, fn, ls[0].device if ls else None)
         )
     if ls:
-        out = [fn(x) for x in ls]
+        out = [jagged_map_batch(x, fn, node, i) if x.is_nested else fn(x) for i, x in enumerate(ls)]
         first = ls[0]
         # feature ndim of the first leaf, relative to the root's batch dims
         feat = first.ndim - len(node._batch_size)

@@ -14,6 +14,9 @@ from .. import _errors as E
 from .. import _nontensor as nontensor
 from .._keys import fmt_key
 from .._nontensor import NonTensor
+from .._ragged import cat as jagged_cat
+from .._ragged import refuse as refuse_jagged
+from .._ragged import split as jagged_split
 from .._tree import leaves, leaves_and_nontensors, leaves_with_paths, map_leaves
 from ._shape import _probe
 from ._structure import _needs_a_batch_dim, check_same_structure, norm_dim
@@ -36,6 +39,8 @@ def _check_leaf_shapes(
         for j, (sa, b) in enumerate(zip(ref, ls)):
             sb = b.shape
             ok = sa == sb  # the common case; cat then compares all dims but skip_dim
+            if not ok and b.is_nested and columns[0][j].is_nested and skip_dim == 0:
+                ok = len(sa) == len(sb) and sa[2:] == sb[2:]  # the ragged dim may differ
             if not ok and skip_dim is not None:
                 ok = (
                     len(sa) == len(sb)
@@ -75,6 +80,7 @@ def stack(nodes: Sequence[Any], dim: int = 0) -> Any:
             )
     split = [leaves_and_nontensors(n) for n in nodes]
     columns = [ls for ls, _ in split]
+    refuse_jagged(first, "stack", ": a jagged leaf has one batch dim (cat them)", columns[0])
     _check_leaf_shapes(nodes, columns, "stack", None)
     out = [torch.stack(c, d) for c in zip(*columns)]
     new_bs = bs[:d] + torch.Size([len(nodes)]) + bs[d:]
@@ -109,7 +115,7 @@ def cat(nodes: Sequence[Any], dim: int = 0) -> Any:
     split = [leaves_and_nontensors(n) for n in nodes]
     columns = [ls for ls, _ in split]
     _check_leaf_shapes(nodes, columns, "cat", d)
-    out = [torch.cat(c, d) for c in zip(*columns)]
+    out = [jagged_cat(c) if c[0].is_nested else torch.cat(c, d) for c in zip(*columns)]
     new_bs = bs[:d] + torch.Size([sum(n._batch_size[d] for n in nodes)]) + bs[d + 1 :]
     nts = None
     if split[0][1]:
@@ -190,7 +196,10 @@ def split(node: Any, split_size: int | Sequence[int], dim: int = 0) -> tuple[Any
     # torch.split's annotation says list[int]; it takes any sequence of ints
     sizes = [p.shape[d] for p in torch.split(probe, split_size, d)]  # type: ignore[arg-type]
     # the probe validated split_size; split_with_sizes skips re-deriving the sizes per leaf
-    pieces = [x.split_with_sizes(sizes, d) for x in leaves(node)]
+    pieces = [
+        jagged_split(x, sizes) if x.is_nested else x.split_with_sizes(sizes, d)
+        for x in leaves(node)
+    ]
     shapes = [bs[:d] + torch.Size([s]) + bs[d + 1 :] for s in sizes]
     return _split_results(
         node,

@@ -1,0 +1,203 @@
+"""Jagged leaves: ``torch.nested`` tensors with ``layout=torch.jagged`` as leaves of a container.
+
+A jagged leaf has one batch dim (dim 0: the container's ``batch_size`` is ``(B,)`` where it
+sits) and its ragged dim right after it. Elementwise ops run on it leaf by leaf (torch has no
+``_foreach_*`` kernels for it: see ``_ops._math._can_foreach``). What torch does not define on
+the batch dim of a jagged tensor, tdfunc writes here over its values and offsets:
+
+* rows of the batch (a slice, an index tensor, a mask: the op's own per-leaf function is
+  applied to ``arange(B)`` and the rows it returns are gathered), ``cat`` along the batch,
+  ``split`` along it;
+* everything else that would act on the batch dim alone (a reduction, a scan, ``sort``,
+  ``flip``, a batch reshape to more than one dim, ``stack``) raises :class:`JaggedOpError`
+  naming the key and the operation.
+
+Gathering rows reads the row lengths back (``repeat_interleave`` with an output size read
+from the offsets): eager work, a graph break inside ``torch.compile``. An int index and every
+elementwise op compile to one graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._tree import Node, leaves_with_paths
+
+JAGGED_OP = (
+    "key {key}: {op} is not defined by torch on the batch dim of a jagged (torch.nested) "
+    "leaf{detail}; exclude the key, or convert it with tdfunc.to_padded first"
+)
+
+
+class JaggedOpError(TypeError):
+    """An operation that torch does not define on a jagged leaf (``torch.nested``,
+    ``layout=torch.jagged``): the message names the key and the operation. A ``TypeError``.
+
+    Example:
+        >>> import tdfunc
+        >>> issubclass(tdfunc.JaggedOpError, TypeError)
+        True
+    """
+
+
+def is_jagged(x: Any) -> bool:
+    """True for a ``torch.nested`` tensor of the jagged layout.
+
+    Example:
+        >>> import torch
+        >>> is_jagged(torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged))
+        True
+    """
+    return isinstance(x, Tensor) and x.is_nested and x.layout == torch.jagged
+
+
+def _key_of(node: Any, i: int) -> str:
+    path = leaves_with_paths(node)[i][0]
+    return repr(path[0]) if len(path) == 1 else repr(path)
+
+
+def error(node: Any, i: int, op: str, detail: str = "") -> JaggedOpError:
+    """The :class:`JaggedOpError` for leaf ``i`` (in :func:`tdfunc._tree.leaves` order)."""
+    return JaggedOpError(JAGGED_OP.format(key=_key_of(node, i), op=op, detail=detail))
+
+
+def first_jagged(node: Node) -> int | None:
+    """The position of the first jagged leaf of ``node`` (``None`` when it has none)."""
+    from ._tree import leaves
+
+    for i, x in enumerate(leaves(node)):
+        if x.is_nested:
+            return i
+    return None
+
+
+def refuse(node: Node, op: str, detail: str = "", ls: Sequence[Tensor] | None = None) -> None:
+    """Raise :class:`JaggedOpError` for ``op`` when ``node`` holds a jagged leaf (``ls``: its
+    leaves, when the caller has them: no second walk)."""
+    if ls is not None and not any(x.is_nested for x in ls):
+        return
+    i = first_jagged(node)
+    if i is not None:
+        raise error(node, i, op, detail)
+
+
+def _lengths(x: Any) -> tuple[Tensor, Tensor]:
+    """The start and the length of every row of a jagged tensor."""
+    off = x.offsets()
+    lengths = x.lengths()
+    if lengths is None:
+        return off[:-1], off[1:] - off[:-1]
+    return off[:-1], lengths
+
+
+def take_rows(x: Any, rows: Tensor) -> Tensor:
+    """The rows ``rows`` (1-D, non-negative) of a jagged tensor, as a new jagged tensor.
+
+    Example:
+        >>> import torch
+        >>> nt = torch.nested.nested_tensor([torch.arange(2.), torch.arange(3.)], layout=torch.jagged)
+        >>> [r.tolist() for r in take_rows(nt, torch.tensor([1, 0, 1])).unbind()]
+        [[0.0, 1.0, 2.0], [0.0, 1.0], [0.0, 1.0, 2.0]]
+    """
+    starts, lens = _lengths(x)
+    rows = rows.to(starts.device)
+    starts, lens = starts[rows], lens[rows]
+    offsets = torch.cat([lens.new_zeros(1), lens.cumsum(0)])
+    total = int(offsets[-1])
+    pos = torch.repeat_interleave(starts - offsets[:-1], lens, output_size=total)
+    pos = pos + torch.arange(total, device=pos.device, dtype=pos.dtype)
+    return torch.nested.nested_tensor_from_jagged(x.values()[pos], offsets)
+
+
+def map_batch(x: Tensor, fn: Callable[[Tensor], Tensor], node: Any, i: int) -> Tensor:
+    """A batch-dims-only function ``fn`` (indexing, a batch shape op) on jagged leaf ``i``:
+    an int index is torch's own; rows are gathered; anything that leaves other than one batch
+    dim raises :class:`JaggedOpError`."""
+    idx = fn(torch.arange(x.shape[0]))
+    if idx.ndim == 0:
+        return fn(x)
+    if idx.ndim == 1:
+        return take_rows(x, idx)
+    raise error(
+        node, i, "a batch op", f" (it gives batch shape {tuple(idx.shape)}; a jagged leaf has one)"
+    )
+
+
+def cat(xs: Sequence[Any]) -> Tensor:
+    """Jagged tensors joined along the batch dim (values and offsets concatenated).
+
+    Example:
+        >>> import torch
+        >>> nt = torch.nested.nested_tensor([torch.arange(2.), torch.arange(3.)], layout=torch.jagged)
+        >>> [len(r) for r in cat([nt, nt]).unbind()]
+        [2, 3, 2, 3]
+    """
+    xs = [x if x.lengths() is None else take_rows(x, torch.arange(x.shape[0])) for x in xs]
+    values = torch.cat([x.values() for x in xs])
+    parts = [xs[0].offsets()]
+    end = parts[0][-1:]
+    for x in xs[1:]:
+        off = x.offsets()
+        parts.append(off[1:] + end)
+        end = parts[-1][-1:] if off.numel() > 1 else end
+    return torch.nested.nested_tensor_from_jagged(values, torch.cat(parts))
+
+
+def align(m: Tensor, lead: int, leaf: Any) -> Tensor:
+    """A tensor ``m`` whose ``lead`` leading dims name batch positions (a batch mask, a
+    per-row weight) as a jagged tensor of ``leaf``'s rows (each row's value repeated over the
+    row and its feature dims), so that torch's jagged kernels take it beside ``leaf``.
+
+    Example:
+        >>> import torch
+        >>> nt = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+        >>> align(torch.tensor([True, False]), 1, nt).values().tolist()
+        [True, True, False, False, False]
+    """
+    if lead == 0 or m.ndim == 0:
+        return m
+    if leaf.lengths() is not None:
+        raise JaggedOpError(
+            "a batch-shaped tensor next to a jagged leaf with holes (lengths): compact the leaf "
+            "first (tdfunc.as_jagged, or index it with its rows)"
+        )
+    v = leaf.values()
+    _, lens = _lengths(leaf)
+    rows = m.repeat_interleave(lens.to(m.device), dim=0, output_size=v.shape[0])
+    rows = rows.reshape(rows.shape + (1,) * (v.ndim - rows.ndim)).expand(v.shape)
+    return torch.nested.nested_tensor_from_jagged(rows, leaf.offsets())
+
+
+def call_aligned(
+    func: Callable[..., Any],
+    leaf: Tensor,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    pos: int,
+    views: Sequence[tuple[int, int]],
+    kviews: Sequence[tuple[str, int]],
+) -> Any:
+    """``func`` on a jagged ``leaf`` (at position ``pos`` of ``args``) with the batch-aligned
+    tensors (``views``: positions, ``kviews``: keywords, each with its batch ndim) made jagged
+    tensors of its rows (:func:`align`)."""
+    a = list(args)
+    for i, lead in views:
+        a[i] = align(args[i], lead, leaf)
+    kw = {**kwargs}
+    for k, lead in kviews:
+        kw[k] = align(kwargs[k], lead, leaf)
+    a[pos] = leaf
+    return func(*a, **kw)
+
+
+def split(x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
+    """A jagged tensor split along the batch dim into pieces of ``sizes`` rows."""
+    out, start = [], 0
+    for s in sizes:
+        out.append(take_rows(x, torch.arange(start, start + s)))
+        start += s
+    return out
