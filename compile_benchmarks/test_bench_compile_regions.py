@@ -8,7 +8,12 @@ process (``TORCHINDUCTOR_COMPILE_THREADS=1``). Ratios use the wall time of the f
 shared machine the wall time counts the waits for a core too: run the rows on a quiet one).
 
 ``extra_info``: ``cold_wall_s`` / ``cold_cpu_s`` per contender, ``step_ms`` (median of 30
-steps after the first), ``graphs`` (Dynamo graphs compiled), and the target ratios."""
+steps after the first), ``graphs`` (Dynamo graphs compiled), and the target ratios.
+
+``test_by_blocks_step_paired``: the steady step of the by-blocks route against torch's
+regional recipe in one process, in paired rounds with the A/A control, and where its time
+goes: each part (``value_and_grad``, ``functional_call``, ``optim.step``) against its torch
+twin, in µs per parameter (``compile_benchmarks/blocks_step.py``)."""
 
 from __future__ import annotations
 
@@ -86,5 +91,47 @@ def test_cold_first_call_by_depth(benchmark: Any, blocks: str) -> None:
         + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
         + "; steady step (ms): "
         + ", ".join(f"{k} {v['step_ms']:.2f}" for k, v in got.items())
+    )
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+
+
+@pytest.mark.bench_full_only
+@pytest.mark.parametrize("blocks", ["8", "24", "gpt2"])
+def test_by_blocks_step_paired(benchmark: Any, blocks: str) -> None:
+    """The steady step of the by-blocks route (compiled block class, ``value_and_grad`` over
+    ``functional_call``, ``optim.step(..., donate=True)``) against torch's regional recipe in
+    one process, paired rounds with the A/A control, and each part against its torch twin
+    in µs per parameter (``compile_benchmarks/blocks_step.py``). Target: <= 1.05x."""
+    if blocks == "gpt2":
+        pytest.importorskip("transformers")
+    from compile_benchmarks.blocks_step import PARTS, measure
+
+    r = measure(blocks, rounds=15, calls=20 if blocks != "24" else 8)
+    step, aa = r["step"], r["aa"]
+    info = {
+        "workload": f"by_blocks_step_{blocks}" + ("" if blocks == "gpt2" else "_blocks"),
+        "mode": "compiled",
+        "contender": "tdfunc",
+        "category": CATEGORY,
+        "against": "torch_regional",
+        **step,
+        "aa": aa["ratio"],
+        "aa_min": aa["ratio_min"],
+        "aa_max": aa["ratio_max"],
+        "target": 1.05,
+        "params": r["params"],
+        "us_per_param": {
+            "step": r["step_us_per_param"],
+            **{p: r[p]["us_per_param"] for p in PARTS},
+            "rest": r["rest_us_per_param"],
+        },
+        "parts": {p: {k: r[p][k] for k in ("ratio", "a_us", "b_us")} for p in PARTS},
+    }
+    benchmark.extra_info.update(info)
+    print(
+        f"\nby-blocks step, model {blocks}: {step['ratio']:.3f} regional "
+        f"[{step['ratio_min']:.2f}-{step['ratio_max']:.2f}], A/A {aa['ratio']:.3f}; "
+        + ", ".join(f"{p} {r[p]['us_per_param']:.2f}" for p in PARTS)
+        + f", rest {r['rest_us_per_param']:.2f} µs/param over the twins"
     )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)

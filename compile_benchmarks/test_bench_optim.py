@@ -24,7 +24,9 @@ Workloads (category ``optim``, one thread, CPU time):
   ``foreach=True`` and ``fused=True`` eager (torch's fastest CPU path); the pure step also
   against ``clone_fused`` (``_vs_clone_fused``): the fastest pure step torch can express,
   written by hand (clones of the parameters and moments, new step counts, torch's fused
-  kernel on them), the floor of any step that leaves its inputs as they were.
+  kernel on them), the floor of any step that leaves its inputs as they were; the donated
+  step also against ``bare_fused`` (``_vs_bare_fused``): torch's fused kernel called by hand
+  on the same lists, in place, the floor of a donated step.
 * ``adamw_step_large_peak_memory``: RSS growth during one step of each variant in a fresh
   process (high-water mark reset after warm-up), in parameter sets.
 * ``train_step_gpt2`` also with the params and state donated (``tdfunc_donated``).
@@ -378,11 +380,35 @@ def clone_fused_step(params: Any, grads: Any) -> Callable[[], None]:
     return step
 
 
+def bare_fused_step(params: Any, grads: Any) -> Callable[[], None]:
+    """torch's fused AdamW kernel called by hand on lists of copies of the parameters and
+    moments, in place (what a donated step amounts to, without any container or check): the
+    floor of ``optim.step(..., donate=True)``."""
+    from tdfunc import _compat as C
+
+    ps = [p.detach().clone() for p in params.values()]
+    gs = [g.clone() for g in grads.values()]
+    m1, m2 = [torch.zeros_like(p) for p in ps], [torch.zeros_like(p) for p in ps]
+    count = [torch.zeros((), dtype=torch.float64)]
+
+    def step() -> None:
+        count[0] = count[0] + 1
+        C.fused_adamw_(
+            ps, gs, m1, m2, [], [count[0]] * len(ps), lr=LR, beta1=0.9, beta2=0.999,
+            weight_decay=WD, eps=1e-8, amsgrad=False, maximize=False,
+        )  # fmt: skip
+
+    return step
+
+
 def torch_step(params: Any, grads: Any, kind: str) -> Callable[[], Any]:
     """torch.optim.AdamW over copies: ``compiled`` (compiled with a tensor lr, as PyTorch
-    recommends), ``foreach`` or ``fused`` (eager); ``clone_fused``: :func:`clone_fused_step`."""
+    recommends), ``foreach`` or ``fused`` (eager); ``clone_fused``: :func:`clone_fused_step`;
+    ``bare_fused``: :func:`bare_fused_step`."""
     if kind == "clone_fused":
         return clone_fused_step(params, grads)
+    if kind == "bare_fused":
+        return bare_fused_step(params, grads)
     ps = [p.detach().clone() for p in params.values()]
     for p, g in zip(ps, grads.values()):
         p.grad = g.clone()
@@ -430,6 +456,8 @@ ROWS = [
     ("eager_pure", "eager", "clone_fused", "tdfunc", "_vs_clone_fused", {"*": 1.0}),
     ("compiled_pure", "compiled", "clone_fused", "tdfunc", "_vs_clone_fused", {"*": 1.0}),
     ("eager_donated", "eager", "fused", "tdfunc_donated", "_vs_fused", {"*": 1.05}),
+    # the donated step against the bare kernel call on the same lists (no container, no check)
+    ("eager_donated", "eager", "bare_fused", "tdfunc_donated", "_vs_bare_fused", {"*": 1.0}),
 ]
 
 
