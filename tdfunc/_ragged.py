@@ -56,6 +56,8 @@ def is_jagged(x: Any) -> bool:
 
 
 def _key_of(node: Any, i: int) -> str:
+    if node is None:
+        return "<a jagged tensor>"
     path = leaves_with_paths(node)[i][0]
     return repr(path[0]) if len(path) == 1 else repr(path)
 
@@ -120,6 +122,7 @@ def map_batch(x: Tensor, fn: Callable[[Tensor], Tensor], node: Any, i: int) -> T
     idx = fn(torch.arange(x.shape[0]))
     if idx.ndim == 0:
         return fn(x)
+    check_ragged_dim(x, node, i, "a batch op")
     if idx.ndim == 1:
         return take_rows(x, idx)
     raise error(
@@ -127,8 +130,18 @@ def map_batch(x: Tensor, fn: Callable[[Tensor], Tensor], node: Any, i: int) -> T
     )
 
 
-def cat(xs: Sequence[Any]) -> Tensor:
-    """Jagged tensors joined along the batch dim (values and offsets concatenated).
+def check_ragged_dim(x: Any, node: Any, i: int, op: str) -> None:
+    """:class:`JaggedOpError` unless the ragged dim of jagged leaf ``i`` is dim 1 (right after
+    the batch dim: the layout whose rows the functions here gather)."""
+    if x._ragged_idx != 1:
+        raise error(
+            node, i, op, f" with its ragged dim at dim {x._ragged_idx} (tdfunc needs dim 1)"
+        )
+
+
+def cat(xs: Sequence[Any], node: Any = None, i: int = 0) -> Tensor:
+    """Jagged tensors joined along the batch dim (values and offsets concatenated); ``node``
+    and ``i`` (the first container and the leaf's position) name the key in an error.
 
     Example:
         >>> import torch
@@ -136,6 +149,8 @@ def cat(xs: Sequence[Any]) -> Tensor:
         >>> [len(r) for r in cat([nt, nt]).unbind()]
         [2, 3, 2, 3]
     """
+    for x in xs:
+        check_ragged_dim(x, node, i, "cat")
     xs = [x if x.lengths() is None else take_rows(x, torch.arange(x.shape[0])) for x in xs]
     values = torch.cat([x.values() for x in xs])
     parts = [xs[0].offsets()]
@@ -194,8 +209,42 @@ def call_aligned(
     return func(*a, **kw)
 
 
-def split(x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
-    """A jagged tensor split along the batch dim into pieces of ``sizes`` rows."""
+def jagged_problem(
+    values: Tensor, offsets: Tensor, lengths: Tensor | None, batch_size: Sequence[int]
+) -> str | None:
+    """What is wrong with the parts of a jagged tensor read from a file or a peer (``None``
+    when nothing is): checked before torch builds the tensor from them.
+
+    Example:
+        >>> import torch
+        >>> jagged_problem(torch.zeros(5), torch.tensor([0, 2, 1]), None, [2])
+        'offsets decrease'
+    """
+    if offsets.ndim != 1 or offsets.dtype not in (torch.int64, torch.int32):
+        return f"offsets must be 1-D int64 or int32, got {offsets.dtype} {tuple(offsets.shape)}"
+    if values.ndim < 1:
+        return "values must have at least one dim"
+    if len(batch_size) != 1 or offsets.numel() != batch_size[0] + 1:
+        return f"{offsets.numel()} offsets do not match batch_size {tuple(batch_size)}"
+    o = offsets.as_subclass(Tensor).long()
+    n = values.shape[0]
+    if bool((o[1:] < o[:-1]).any()):
+        return "offsets decrease"
+    if int(o[0]) < 0 or int(o[-1]) > n:
+        return f"offsets {int(o[0])}..{int(o[-1])} are not within the {n} value rows"
+    if lengths is not None:
+        if lengths.ndim != 1 or lengths.dtype != offsets.dtype or lengths.numel() != batch_size[0]:
+            return f"lengths must be 1-D {offsets.dtype} with one entry per row"
+        ln = lengths.as_subclass(Tensor).long()
+        if bool((ln < 0).any()) or bool((o[:-1] + ln > n).any()):
+            return "a row (offset + length) runs outside the values"
+    return None
+
+
+def split(x: Any, sizes: Sequence[int], node: Any = None, i: int = 0) -> list[Tensor]:
+    """A jagged tensor split along the batch dim into pieces of ``sizes`` rows (``node`` and
+    ``i`` name the key in an error)."""
+    check_ragged_dim(x, node, i, "split")
     out, start = [], 0
     for s in sizes:
         out.append(take_rows(x, torch.arange(start, start + s)))

@@ -3,6 +3,7 @@ works through a container; what torch does not define raises ``JaggedOpError`` n
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -12,6 +13,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 import tdfunc
 from tdfunc import JaggedOpError, TensorDict
 from tdfunc import _ragged as R
+from tdfunc.memmap import _errors as ME
 
 LENS = (4, 2, 3)
 
@@ -112,6 +114,14 @@ def test_what_torch_does_not_define_names_the_key_and_the_op():
     nested = TensorDict(n={"tok": njt()}, batch_size=[3])
     with pytest.raises(JaggedOpError, match=re.escape("key ('n', 'tok'): amax")):
         nested.amax(0)
+    last = TensorDict(
+        x=torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(2, 5)], layout=torch.jagged),
+        batch_size=[2],
+    )
+    with pytest.raises(JaggedOpError, match=re.escape("key 'x': a batch op")):
+        last[torch.tensor([1, 0])]
+    with pytest.raises(JaggedOpError, match=re.escape("key 'x': cat")):
+        tdfunc.cat([last, last])
     # the whole leaf reduced (batch and ragged dims) is torch's own
     assert torch.allclose(td.sum()["tok"], td["tok"].values().sum())
 
@@ -162,3 +172,73 @@ def test_vmap_over_a_container_with_a_jagged_leaf_is_refused_by_torch():
     # torch.vmap has no rule for jagged inputs; tdfunc adds none
     with pytest.raises((RuntimeError, NotImplementedError, ValueError)):
         torch.vmap(lambda t: t * 2)(make())
+
+
+# ------------------------------------------------------------------ storage
+def _manifest(p):
+    return json.loads((p / "manifest.json").read_text())
+
+
+def _poke_offsets(p, new):
+    """Write ``new`` (int64) over the stored offsets of key 'tok'."""
+    m = _manifest(p)
+    entry = m["root"]["children"]["tok"]["offsets"]
+    with open(p / m["data_file"], "r+b") as f:
+        f.seek(entry["offset"])
+        f.write(torch.tensor(new, dtype=torch.int64).numpy().tobytes())
+
+
+def test_save_load_round_trip_bit_for_bit(tmp_path):
+    td = make().set("p", ["x", "y", "z"])
+    tdfunc.save(td, tmp_path / "s")
+    back = tdfunc.load(tmp_path / "s")
+    assert back["tok"].is_nested
+    assert torch.equal(back["tok"].values(), td["tok"].values())
+    assert torch.equal(back["tok"].offsets(), td["tok"].offsets())
+    assert back["p"] == ("x", "y", "z")
+    entry = _manifest(tmp_path / "s")["root"]["children"]["tok"]
+    assert entry["kind"] == "jagged"
+    assert entry["lengths"] is None
+    # with lengths (rows that do not cover the values)
+    base = torch.arange(12.0).reshape(3, 4)
+    holes = torch.nested.narrow(
+        base, 1, torch.tensor([0, 1, 0]), torch.tensor([2, 3, 1]), layout=torch.jagged
+    )
+    tdfunc.save(TensorDict(x=holes, batch_size=[3]), tmp_path / "h")
+    got = tdfunc.load(tmp_path / "h")["x"]
+    assert rows(got) == rows(holes)
+    assert torch.equal(got.lengths(), holes.lengths())
+
+
+@pytest.mark.parametrize(
+    ("offsets", "problem"),
+    [
+        ([0, 4, 2, 9], "offsets decrease"),
+        ([0, 4, 6, 99], "are not within the 9 value rows"),
+        ([-1, 4, 6, 9], "are not within the 9 value rows"),
+    ],
+)
+def test_reader_checks_offsets_before_building(tmp_path, offsets, problem):
+    tdfunc.save(make(), tmp_path / "s")
+    _poke_offsets(tmp_path / "s", offsets)
+    with pytest.raises(tdfunc.MemmapFormatError, match=re.escape(problem)) as e:
+        tdfunc.load(tmp_path / "s")
+    assert "'tok'" in str(e.value)
+
+
+def test_reader_checks_offsets_match_the_batch(tmp_path):
+    p = tmp_path / "s"
+    tdfunc.save(TensorDict(n={"tok": njt()}, batch_size=[3]), p)
+    m = _manifest(p)
+    m["root"]["batch_size"] = [2]
+    m["root"]["children"]["n"]["batch_size"] = [2]
+    (p / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(tdfunc.MemmapFormatError, match=re.escape("4 offsets do not match")):
+        tdfunc.load(p)
+
+
+def test_save_refuses_a_ragged_dim_after_dim_1(tmp_path):
+    x = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(2, 5)], layout=torch.jagged)
+    msg = ME.JAGGED_RAGGED_DIM.format(key="'x'", dim=2)
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        tdfunc.save(TensorDict(x=x, batch_size=[2]), tmp_path / "s")

@@ -115,7 +115,10 @@ def cat(nodes: Sequence[Any], dim: int = 0) -> Any:
     split = [leaves_and_nontensors(n) for n in nodes]
     columns = [ls for ls, _ in split]
     _check_leaf_shapes(nodes, columns, "cat", d)
-    out = [jagged_cat(c) if c[0].is_nested else torch.cat(c, d) for c in zip(*columns)]
+    out = [
+        jagged_cat(c, first, j) if c[0].is_nested else torch.cat(c, d)
+        for j, c in enumerate(zip(*columns))
+    ]
     new_bs = bs[:d] + torch.Size([sum(n._batch_size[d] for n in nodes)]) + bs[d + 1 :]
     nts = None
     if split[0][1]:
@@ -197,8 +200,8 @@ def split(node: Any, split_size: int | Sequence[int], dim: int = 0) -> tuple[Any
     sizes = [p.shape[d] for p in torch.split(probe, split_size, d)]  # type: ignore[arg-type]
     # the probe validated split_size; split_with_sizes skips re-deriving the sizes per leaf
     pieces = [
-        jagged_split(x, sizes) if x.is_nested else x.split_with_sizes(sizes, d)
-        for x in leaves(node)
+        jagged_split(x, sizes, node, j) if x.is_nested else x.split_with_sizes(sizes, d)
+        for j, x in enumerate(leaves(node))
     ]
     shapes = [bs[:d] + torch.Size([s]) + bs[d + 1 :] for s in sizes]
     return _split_results(

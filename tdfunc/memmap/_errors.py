@@ -128,3 +128,8 @@ NONTENSOR_NOT_JSON = (
     "bools, None and lists of them (as JSON) and never pickles; convert the value to one "
     "of those, or exclude the key before saving"
 )
+
+JAGGED_RAGGED_DIM = (
+    "key {key}: a jagged leaf is saved with its ragged dim right after the batch dim (dim 1), "
+    "got ragged dim {dim}; transpose it first"
+)

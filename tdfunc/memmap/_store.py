@@ -72,6 +72,7 @@ from .._compat import pytree
 from .._json import loads_unique
 from .._keys import fmt_key
 from .._nontensor import NonTensor
+from .._ragged import is_jagged, jagged_problem
 from .._shapes import SHAPE_UNSAVED, shape_problem
 from .._tensorclass import is_tensorclass, restore
 from .._tree import KeyPath, Node, is_node
@@ -166,6 +167,8 @@ def _describe(node: Node, prefix: KeyPath, layout: _Layout) -> dict[str, Any]:
         path = (*prefix, k)
         if v is None:
             children[k] = {"kind": "none"}
+        elif isinstance(v, Tensor) and is_jagged(v):
+            children[k] = _describe_jagged(path, v, layout)
         elif isinstance(v, Tensor):
             children[k] = layout.add(path, v)
         elif is_node(v):
@@ -187,6 +190,19 @@ def _describe(node: Node, prefix: KeyPath, layout: _Layout) -> dict[str, Any]:
         "device": None if node._device is None else str(node._device),
         "static": [[k, _static_to_json(node, k, v)] for k, v in static],
         "children": children,
+    }
+
+
+def _describe_jagged(path: KeyPath, v: Any, layout: _Layout) -> dict[str, Any]:
+    """A jagged leaf: its values, offsets and (when present) lengths, each a stored tensor."""
+    if v._ragged_idx != 1:
+        raise TypeError(E.JAGGED_RAGGED_DIM.format(key=fmt_key(path), dim=v._ragged_idx))
+    lengths = v.lengths()
+    return {
+        "kind": "jagged",
+        "values": layout.add(path, v.values()),
+        "offsets": layout.add(path, v.offsets()),
+        "lengths": None if lengths is None else layout.add(path, lengths),
     }
 
 
@@ -631,6 +647,26 @@ class _Reader:
         inner = leaf_tensor(self.base, off, dtype, shape, self.mode, self.data)
         return MemoryMappedTensor._wrap(inner, self.data, self.mode, off, self.ident)
 
+    def jagged(self, entry: dict[str, Any], path: KeyPath, bs: torch.Size) -> Tensor:
+        """A jagged leaf from its stored values, offsets and lengths, checked before torch
+        builds it: integer 1-D offsets, one more than the batch's rows, starting at 0 or
+        more, non-decreasing, within the values; lengths (when stored) of the offsets' dtype,
+        one per row, each row inside the values. Loaded into memory (a bit-for-bit copy): a
+        jagged tensor holds its values as a plain tensor, which a read-only map could not
+        keep read-only."""
+        values = self.leaf(self.field(entry, "values", dict, path), path)
+        offsets = self.leaf(self.field(entry, "offsets", dict, path), path)
+        raw = entry.get("lengths")
+        lengths = None if raw is None else self.leaf(self.field(entry, "lengths", dict, path), path)
+        problem = jagged_problem(values, offsets, lengths, bs)
+        if problem is not None:
+            raise self.corrupt(f"jagged leaf {_where(path)}: {problem}")
+        return torch.nested.nested_tensor_from_jagged(
+            values.as_subclass(Tensor).clone(),
+            offsets.as_subclass(Tensor).clone(),
+            None if lengths is None else lengths.as_subclass(Tensor).clone(),
+        )
+
     def static(self, entry: Any, path: KeyPath) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for item in self.field(entry, "static", list, path):
@@ -682,6 +718,8 @@ class _Reader:
                     raise self.corrupt(
                         f"leaf {_where(sub_path)} does not start with batch {list(bs)}"
                     )
+            elif kind == "jagged":
+                kid = self.jagged(sub, sub_path, bs)
             elif kind == "nontensor":
                 try:  # checked JSON: nothing is unpickled or imported
                     kid = nontensor.from_json(
