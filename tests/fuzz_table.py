@@ -407,6 +407,9 @@ def covering_programs(seed: int = 0, per: int = 4) -> list[Program]:
 # --------------------------------------------------------------------------------------
 # properties
 # --------------------------------------------------------------------------------------
+_DDS = "Dynamic shape operator"
+
+
 class Failure(AssertionError):
     pass
 
@@ -454,7 +457,9 @@ def check(prog: Program, *, vmap: bool = True, grad: bool = True, breaks: bool =
         torch._dynamo.reset()
         dynamo_counters.clear()
         torch.compile(fn, backend="eager")(x)
-        gb = dict(dynamo_counters["graph_break"])
+        # a data-dependent output shape (masked_select, a bool mask) breaks the graph on a
+        # plain tensor too unless capture_dynamic_output_shape_ops is set: torch's, not ours
+        gb = {k: v for k, v in dynamo_counters["graph_break"].items() if not k.startswith(_DDS)}
         if gb:
             _fail(prog, f"graph breaks with fullgraph=False: {gb}")
     if vmap:
