@@ -1,9 +1,19 @@
 """Error message templates of ``tdfunc.nn``, kept in one place so tests can assert on them."""
 
-#: ``functional_call``: a parameter whose shape differs from the module's own tensor.
+#: ``functional_call``: a meta slot filled through a declared tie by a tensor of another shape.
 SHAPE_MISMATCH = (
     "functional_call: key {key!r} has shape {got} but the module's tensor has shape {expected}; "
-    "a TensorDict stacked over N modules must be called through torch.vmap"
+    "it is filled through a tie the module declares, from the tensor given for the other name "
+    "of the tie, so both names must have one shape"
+)
+#: ``functional_call``: every tensor of the state is the module's shape with one leading dim.
+STACKED_STATE = (
+    "functional_call: every tensor of the state has a leading dim of size {n} over the shape "
+    "of the module's own tensor (key {key!r}: shape {got} for the module's {expected}): a state "
+    "stacked over {n} modules (as tdfunc.stack_modules makes) is called through torch.vmap, one "
+    "module per call, e.g. torch.vmap(lambda s, x: tdfunc.functional_call(module, s, (x,)), "
+    "in_dims=(0, None))(state, x); a state whose shapes differ from the module's for another "
+    "reason (buffers that grow, as observers' statistics do) is used as it is"
 )
 #: ``functional_call(strict=True)``: keys that name no parameter or buffer of the module.
 UNKNOWN_KEYS = (

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._compat import assert_async
+from .._raising import refuse
 from .._tree import is_node, leaves_with_paths, map_leaves
 from ..tensordict import TensorDict
 from . import _twins  # noqa: F401  (registers what Dynamo traces instead of the eager readers)
@@ -29,6 +29,7 @@ from ._errors import (
     STACK_EMPTY,
     STACK_KEYS,
     STACK_SHAPE,
+    STACKED_STATE,
     STATE_CREATED,
     STATE_NO_ROOM,
     STATE_WRITTEN,
@@ -115,7 +116,7 @@ def state_dict(module: nn.Module, state: Any = None) -> dict[str, Tensor]:
         A flat ``dict`` from dotted name to tensor, in ``module.state_dict()`` order.
 
     Raises:
-        ValueError: a tensor of ``state`` has another shape than the module's.
+        ValueError: ``state`` is stacked over modules (as :func:`functional_call` refuses it).
 
     Example:
         >>> import torch, tdfunc
@@ -131,6 +132,7 @@ def state_dict(module: nn.Module, state: Any = None) -> dict[str, Tensor]:
     matched = _Matched(tie_weights=True)
     if state is not None:
         _match(state, module, matched)
+        matched.check_stacked()
         _meta_slots(module, matched, True, refuse=False)
     given: dict[int, Tensor] = {}
     for name, v in matched.out.items():
@@ -175,7 +177,7 @@ def _module_tensor(module: nn.Module, name: str) -> Tensor | None:
 class _Matched:
     """What walking ``params`` against a module found (one per call)."""
 
-    __slots__ = ("alias", "extra", "out", "slots", "tied", "unknown")
+    __slots__ = ("alias", "extra", "leading", "out", "slots", "stacked", "tied", "unknown")
 
     def __init__(self, tie_weights: bool) -> None:
         self.out: dict[str, Tensor] = {}
@@ -187,16 +189,25 @@ class _Matched:
         self.alias: dict[str, str] = {}
         # a given name -> the meta slots its tensor also fills by a declared tie (_meta_slots)
         self.extra: dict[str, list[Slot]] = {}
+        # the leading dim of each given tensor that is its module tensor's shape with one dim
+        # in front (None for any other tensor), and the first such tensor (see check_stacked)
+        self.leading: set[int | None] = set()
+        self.stacked: tuple[str, tuple[int, ...], tuple[int, ...]] | None = None
 
     def add(self, name: str, v: Tensor, owner: nn.Module | None, attr: str) -> None:
         ref = None if owner is None else _module_tensor(owner, attr)
         if ref is None or owner is None:
             self.unknown.append(name)
             return
-        if v.shape != ref.shape:
-            raise ValueError(
-                SHAPE_MISMATCH.format(key=name, got=tuple(v.shape), expected=tuple(ref.shape))
-            )
+        # the state's shapes are the state's (observers grow their buffers); only a state
+        # stacked over modules is refused, once every tensor is seen (check_stacked)
+        shape = v.shape
+        if shape != ref.shape and len(shape) == ref.dim() + 1 and shape[1:] == ref.shape:
+            self.leading.add(shape[0])
+            if self.stacked is None:
+                self.stacked = (name, tuple(shape), tuple(ref.shape))
+        else:
+            self.leading.add(None)
         if self.tied is not None:
             # a second name of a tied tensor: the tensor given under the first one fills every
             # slot; the same tensor again is fine, another one would be silently ignored
@@ -209,6 +220,14 @@ class _Matched:
             self.tied[id(ref)] = name
         self.out[name] = v
         self.slots[name] = (owner, attr)
+
+    def check_stacked(self) -> None:
+        """Refuse a state stacked over modules: every given tensor is its module tensor's
+        shape with one leading dim, the same for all (``stack_modules``' layout), outside
+        ``torch.vmap`` (under it the leaves have the module's shapes)."""
+        if self.stacked is not None and len(self.leading) == 1:
+            key, got, expected = self.stacked
+            raise ValueError(STACKED_STATE.format(n=got[0], key=key, got=got, expected=expected))
 
 
 def _match_node(node: Any, module: nn.Module | None, prefix: str, m: _Matched) -> None:
@@ -313,21 +332,6 @@ def _written_message(module: nn.Module, key: str) -> str:
         name=name,
         key=key,
     )
-
-
-def _raise_written(module: nn.Module, key: str) -> None:
-    raise PermissionError(_written_message(module, key))
-
-
-def _assert_unwritten(module: nn.Module, key: str, copy: Tensor, original: Tensor) -> None:
-    """Fail the call if the buffer's copy no longer holds the given values (a write torch
-    recorded nothing for while Dynamo traced; the check runs in the compiled program)."""
-    if copy.shape != original.shape or copy.dtype != original.dtype:
-        _raise_written(module, key)
-    same = copy == original
-    if copy.is_floating_point() or copy.is_complex():
-        same = same | (copy.isnan() & original.isnan())
-    assert_async(same.all(), f"PermissionError: {_written_message(module, key)}")
 
 
 def _declared_ties(module: nn.Module) -> dict[str, str]:
@@ -448,6 +452,7 @@ def _full_match(module: nn.Module, state: Any, strict: bool, tie_weights: bool) 
     meta slots the state does not fill (:func:`_meta_slots`)."""
     matched = _Matched(tie_weights)
     _match(state, module, matched)
+    matched.check_stacked()
     _meta_slots(module, matched, tie_weights)
     if strict:
         flat, unknown = matched.out, matched.unknown
@@ -483,7 +488,12 @@ def functional_call(
     :func:`stack_modules` under ``torch.vmap``), a tensorclass, a mapping of tensors (nested, or
     flat with dotted names as in ``state_dict()``), or a tuple of those (e.g.
     ``(params, buffers)``). Key paths joined by ``"."`` name the module's parameters and buffers.
-    Every shape is checked against the module's own tensor before any computation. Works under
+    The state's shapes are the state's: a tensor whose shape differs from the module's own
+    (statistics that grow, as a quantization observer's do at its first call) is put into
+    the slot as it is, as ``torch.func.functional_call`` does; a state *stacked over modules*
+    (every tensor the module's shape with one leading dim of the same size, as
+    :func:`stack_modules` makes) is refused before any computation outside ``torch.vmap``.
+    Works under
     ``torch.vmap``, ``torch.func.grad``, ``torch.compile(fullgraph=True)`` and
     ``torch.export`` (strict and non-strict).
 
@@ -515,13 +525,14 @@ def functional_call(
     known while tracing: no graph break, no run-time cost. Two kinds of torch kernels write
     without recording it, and their tensors are counted as written whenever their module takes
     part in the call: the running statistics of batch/instance norm modules in training mode,
-    and the state of ``FusedMovingAvgObsFakeQuantize``. Under ``torch.compile``, torch's fake
-    tensors record no version for in-place foreach ops (``torch._foreach_lerp_`` ...), so a
-    buffer whose version did not move while Dynamo traced is checked by value instead: with
-    ``return_state=True`` it comes back as its (possibly written) copy, a new tensor; with
-    ``return_state=False`` the compiled program fails when it runs if the buffer changed
-    (torch's ``RuntimeError`` carrying the ``PermissionError`` text; eager calls raise
-    ``PermissionError`` itself). Dynamo does not trace ``x.data = v`` on a copy
+    and the state of ``FusedMovingAvgObsFakeQuantize``. Under ``torch.compile`` torch's fake
+    tensors record no version for in-place foreach ops (``torch._foreach_add_`` ...); the
+    traced call counts, at trace time, every tensor a traced op's schema marks as written, so
+    those writes are seen too. So compiled as eagerly, a tensor the module did not write comes
+    back as the caller's own tensor object (no copy in the compiled program), and the
+    ``PermissionError`` of ``return_state=False`` is raised by the compiled program itself when
+    it runs, with its type and message (with or without ``fullgraph``). Dynamo does not trace
+    ``x.data = v`` on a copy
     (``fullgraph=True`` stops with its error); inside
     ``torch.func`` transforms torch refuses ``x.data = v`` with its own error. Tensors not in
     ``state`` (``strict=False``) are the module's own and are used and updated as in PyTorch;
@@ -555,8 +566,9 @@ def functional_call(
         Whatever ``module`` returns, or ``(output, new_state)`` when ``return_state=True``.
 
     Raises:
-        ValueError: a tensor's shape differs from the module's (the message names the key and
-            both shapes), or two tensors are given for the names of one tied tensor.
+        ValueError: a state stacked over modules outside ``torch.vmap`` (the message names
+            the leading dim and a key with both shapes), or two tensors are given for the
+            names of one tied tensor.
         KeyError: ``strict=True`` and keys are unknown or missing (the message lists them),
             or module tensors on the meta device that nothing given fills.
         PermissionError: ``return_state=False`` and the module wrote one of the given tensors
@@ -584,21 +596,17 @@ def functional_call(
         prepared = Prepared.build(module, list(flat), matched.slots, tie_weights, matched.extra)
         tensors = list(flat.values())
         remember(module, key, state, prepared, alias)
-    out, written, created, maybe = call_with_state(module, prepared, tensors, args, kwargs)
+    out, written, created = call_with_state(module, prepared, tensors, args, kwargs)
     if not return_state:
+        # found after the module ran: a compiled program raises it when it runs (refuse)
         if written:
-            _raise_written(module, next(iter(written)))
-        if maybe:
-            given = dict(zip(prepared.names, tensors))
-            for name, copy in maybe.items():
-                _assert_unwritten(module, name, copy, given[name])
-        if created:
-            raise PermissionError(
-                STATE_CREATED.format(key=next(iter(created)), cls=type(module).__name__)
+            refuse(PermissionError, _written_message(module, next(iter(written))))
+        elif created:
+            refuse(
+                PermissionError,
+                STATE_CREATED.format(key=next(iter(created)), cls=type(module).__name__),
             )
         return out
-    if maybe:  # their values are right whether or not the module wrote them
-        written = {**maybe, **written}
     new = state if not written else _new_state(state, "", written, alias)
     for name, value in created.items():
         new = _with_created(new, name, value)

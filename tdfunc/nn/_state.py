@@ -42,7 +42,7 @@ from .._compat import (
 )
 from .._compat import is_functorch_wrapped_tensor as _is_wrapped
 from ..memmap._tensor import MemoryMappedTensor
-from ._versions import unverified, unwrapped, write_marks
+from ._versions import record_unrecorded_writes, unwrapped, write_marks
 
 _NORM_STATISTICS = ("running_mean", "running_var")
 _FusedFakeQuantize = torch.ao.quantization.FusedMovingAvgObsFakeQuantize
@@ -447,7 +447,7 @@ def call_with_state(
     tensors: list[Tensor],
     args: Any,
     kwargs: dict[str, Any] | None,
-) -> tuple[Any, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+) -> tuple[Any, dict[str, Tensor], dict[str, Tensor]]:
     """Call ``module`` with private copies of ``tensors`` in its slots; report its writes.
 
     Args:
@@ -458,12 +458,9 @@ def call_with_state(
         kwargs: keyword arguments.
 
     Returns:
-        ``(output, written, created, maybe)``: the module's output; for each name whose tensor
-        the module wrote in place or rebound, the tensor holding the new value; the persistent
-        parameters/buffers the module created while it ran, by dotted name; and the buffers
-        whose marks cannot rule out a write (only while Dynamo traces: see
-        :func:`~tdfunc.nn._versions.unverified`), with their copies: the caller compares
-        values. The module is left exactly as it was (its own tensor objects back in every
+        ``(output, written, created)``: the module's output; for each name whose tensor the
+        module wrote in place or rebound, the tensor holding the new value; and the persistent
+        parameters/buffers the module created while it ran, by dotted name. The module is left exactly as it was (its own tensor objects back in every
         slot, created ones removed).
     """
     snapshot = prepared.snapshot
@@ -478,31 +475,21 @@ def call_with_state(
     try:
         with swapped(module, swap, prepared.swap_to):
             out = module(*args, **(kwargs or {}))
+        record_unrecorded_writes()
         after = write_marks(copies, is_buffer)
-        unsure = unverified(is_buffer)
         written: dict[str, Tensor] = {}
-        maybe: dict[str, Tensor] = {}
         # all marks the same, each copy still in its one slot: nothing written (else per name)
         same = (
             before == after
-            and not (writers or prepared.tied or any(unsure))
+            and not (writers or prepared.tied)
             and all(map(is_, swap.values(), placed))
         )
-        for name, slot, targets, t, c, m0, m1, u in (
-            zip(
-                prepared.names,
-                prepared.slots,
-                prepared.where,
-                tensors,
-                copies,
-                before,
-                after,
-                unsure,
-            )
+        for name, slot, targets, t, c, m0, m1 in (
+            zip(prepared.names, prepared.slots, prepared.where, tensors, copies, before, after)
             if not same
             else ()
         ):
-            if m0 == m1 and targets is None and not (writers or u) and swap[name] is c:
+            if m0 == m1 and targets is None and not writers and swap[name] is c:
                 continue  # the same mark, the same tensor in its one slot: nothing written
             where = targets or [(name, slot)]
             for dotted, _ in where:
@@ -521,8 +508,6 @@ def call_with_state(
                         [s for _, s in where], snapshot.fused_observers
                     ):
                         written[name] = c
-                    elif u:
-                        maybe[name] = c
                 elif (
                     m1[0] != m0[0]
                     or (m0[1] and m1[1] and m1[1] != m0[1])
@@ -538,7 +523,7 @@ def call_with_state(
         added = snapshot.added()
         created = snapshot.created(added)
         snapshot.restore_created(added)
-    return out, written, created, maybe
+    return out, written, created
 
 
 __all__ = ["Prepared", "call_with_state", "private_copy", "same_tensor"]

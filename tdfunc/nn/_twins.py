@@ -23,7 +23,7 @@ from .._compat import reparametrize_module
 from .._twins import traced_as
 from ._plan import Live, lookup
 from ._state import private_copies, private_copy, swapped
-from ._versions import unverified, write_marks
+from ._versions import bump_written, record_unrecorded_writes, write_marks
 
 
 @traced_as(write_marks)
@@ -32,12 +32,15 @@ def _traced_write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tup
     return [(o.shape[0], 0, False) for o in torch.ops.tdfunc.versions(tensors)]
 
 
-@traced_as(unverified)
-def _traced_unverified(is_buffer: list[bool]) -> list[bool]:
+@traced_as(record_unrecorded_writes)
+def _traced_record_unrecorded_writes() -> None:
     # fake tensors record no version for in-place foreach ops (torch 2.13-2.15: a buffer
-    # updated with torch._foreach_lerp_ keeps its version while Dynamo traces): a buffer's
-    # unchanged mark proves nothing there; the caller checks its values instead
-    return list(is_buffer)
+    # updated with torch._foreach_add_ keeps its version while Dynamo traces): at trace time,
+    # bump the example tensors every traced op writes by its schema (comptime runs the
+    # function on Dynamo's graph while tracing; nothing of it is in the compiled program)
+    from torch._dynamo.comptime import comptime
+
+    comptime(lambda ctx: bump_written(ctx.graph()))
 
 
 @traced_as(private_copy)

@@ -13,7 +13,9 @@
 
 Under ``torch.compile`` Dynamo turns ``t._version`` into an unbacked symbolic integer, so
 "did it change" would be a data-dependent branch. The counter of the fake tensor Dynamo traces
-with is exact, though: it is bumped by every in-place op traced. What Dynamo traces instead of
+with is exact, though: it is bumped by every in-place op traced (in-place foreach ops
+excepted: torch's fake kernels skip the bump, which :func:`record_unrecorded_writes` makes up
+for while tracing, from the ops' schemas). What Dynamo traces instead of
 :func:`write_marks` (registered in ``_twins``) therefore calls a custom op
 (``tdfunc::versions``, defined here), whose fake implementation reports each fake tensor's
 version as the static length of an empty ``meta`` tensor: a constant while tracing, no guard, no
@@ -26,7 +28,11 @@ Nothing here imports ``torch._dynamo``: defining a custom op does not.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from typing import Any
+
 import torch
+import torch.fx
 from torch import Tensor
 
 from .._compat import get_unwrapped, is_cow
@@ -91,15 +97,80 @@ def write_marks(tensors: list[Tensor], storages: list[bool]) -> list[tuple[int, 
     return out
 
 
-def unverified(is_buffer: list[bool]) -> list[bool]:
-    """For each tensor, whether an unchanged :func:`write_marks` may hide a write: never
-    eagerly (every in-place kernel moves the real version counter, foreach ones included).
+def record_unrecorded_writes() -> None:
+    """Make every write of the call so far show in the version counters: eagerly there is
+    nothing to do (every in-place kernel moves the real counter, foreach ones included).
+
+    While Dynamo traces, torch's fake tensors record no version for in-place foreach ops
+    (torch 2.13: ``torch._foreach_add_`` leaves its fake operands' versions as they were); the
+    traced twin (``_twins``) bumps, at trace time, the version of every tensor a traced op's
+    schema marks as written (see :func:`bump_written`), so :func:`write_marks` sees those
+    writes too.
 
     Example:
-        >>> unverified([True, False])
-        [False, False]
+        >>> record_unrecorded_writes()
     """
-    return [False] * len(is_buffer)
 
 
-__all__ = ["unverified", "unwrapped", "write_marks"]
+def _written_arguments(target: Any) -> tuple[tuple[int, str], ...]:
+    """The (position, name) of each argument an op's schemas mark as written (``Tensor(a!)``),
+    for a traced node's target: an ``OpOverload``, a packet, or a ``torch`` builtin."""
+    schemas: list[Any]
+    if isinstance(target, torch._ops.OpOverload):
+        schemas = [target._schema]
+    elif isinstance(target, torch._ops.OpOverloadPacket):
+        schemas = [getattr(target, o)._schema for o in target.overloads()]
+    else:
+        name = getattr(target, "__name__", None)
+        if not isinstance(name, str) or getattr(torch, name, None) is not target:
+            return ()
+        schemas = torch._C._jit_get_schemas_for_operator("aten::" + name)
+    found: dict[tuple[int, str], None] = {}
+    for schema in schemas:
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                found[(i, arg.name)] = None
+    return tuple(found)
+
+
+_WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}
+#: the mark a traced node gets once :func:`bump_written` has counted its writes
+_COUNTED = "tdfunc_writes_counted"
+
+
+def bump_written(graph: torch.fx.Graph) -> None:
+    """Bump the version of each example tensor a node of ``graph`` writes, once per node.
+
+    Compile-time code (run by Dynamo's ``comptime`` from the traced twin of
+    :func:`record_unrecorded_writes`, never traced itself): for each ``call_function`` node
+    not counted yet, the arguments its op's schema marks as written (torch's own alias
+    annotations, no list of names) have their example (fake) tensors' version counters
+    bumped. An op whose fake kernel already bumped them is bumped twice: a write still shows
+    as a change, and an unwritten tensor is never bumped. The table of schemas per target is
+    a cache of static facts about torch's operators.
+
+    Example:
+        >>> import torch
+        >>> g = torch.fx.Graph()
+        >>> bump_written(g)
+    """
+    for node in graph.nodes:
+        if node.op != "call_function" or node.meta.get(_COUNTED):
+            continue
+        node.meta[_COUNTED] = True
+        target = node.target
+        cached = isinstance(target, Hashable)
+        written = _WRITTEN.get(target) if cached else None
+        if written is None:
+            written = _written_arguments(target)
+            if cached:
+                _WRITTEN[target] = written
+        for i, name in written:
+            arg = node.args[i] if i < len(node.args) else node.kwargs.get(name)
+            for n in arg if isinstance(arg, (list, tuple)) else (arg,):
+                value = n.meta.get("example_value") if isinstance(n, torch.fx.Node) else None
+                if isinstance(value, Tensor):
+                    torch.autograd.graph.increment_version(value)
+
+
+__all__ = ["bump_written", "record_unrecorded_writes", "unwrapped", "write_marks"]

@@ -1,0 +1,315 @@
+"""Module state through ``functional_call(..., return_state=True)`` where it used to trip:
+state whose shapes change between steps (quantization observers), unwritten state under
+``torch.compile`` (the caller's own tensors, no copy), and typed errors under compile."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch.ao.quantization import FakeQuantize, PerChannelMinMaxObserver
+from torch.nn.utils import parametrizations
+
+from tdfunc import TensorDict, from_module, functional_call, stack_modules
+from tdfunc.nn._errors import STACKED_STATE, STATE_CREATED, STATE_WRITTEN
+
+
+# ----------------------------------------------------------------------------- state that grows
+def per_channel_observer() -> nn.Module:
+    return PerChannelMinMaxObserver(ch_axis=0)
+
+
+def per_channel_fake_quantize() -> nn.Module:
+    return FakeQuantize(
+        observer=PerChannelMinMaxObserver,
+        quant_min=-128,
+        quant_max=127,
+        dtype=torch.qint8,
+        qscheme=torch.per_channel_symmetric,
+        ch_axis=0,
+    )
+
+
+def _inputs(steps: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(4, 8, generator=g) * (i + 1) for i in range(steps)]
+
+
+def _stateful(module: nn.Module, xs: list[torch.Tensor]) -> list[tuple[Any, dict[str, Any]]]:
+    """Each step's output and state, of a copy of ``module`` run the ordinary way."""
+    ref = copy.deepcopy(module)
+    out = []
+    for x in xs:
+        y = ref(x)
+        out.append((y, {k: v.clone() for k, v in from_module(ref).flatten_keys(".").items()}))
+    return out
+
+
+@pytest.mark.parametrize("make", [per_channel_observer, per_channel_fake_quantize])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_state_whose_shape_changes_runs_ten_steps(
+    make: Callable[[], nn.Module], compiled: bool
+) -> None:
+    """The statistics start empty ((0,), or (1,) for the fake-quantize scale) and take one
+    value per channel at the first call: the state's shapes are the state's. Compiled means
+    without ``fullgraph`` (torch breaks the graph in the observers itself): one recompile when
+    the shapes change, none afterwards."""
+    torch.manual_seed(0)
+    module = make()
+    xs = _inputs(10)
+    expected = _stateful(module, xs)
+    own = {k: (v, v.clone()) for k, v in from_module(module).flatten_keys(".").items()}
+    state = from_module(module).detach().clone()
+    shapes0 = {k: tuple(v.shape) for k, v in state.flatten_keys(".").items()}
+    cnt = CompileCounterWithBackend("eager")
+
+    def step(s: TensorDict, x: torch.Tensor) -> tuple[Any, TensorDict]:
+        return functional_call(module, s, (x,), return_state=True)
+
+    fn = torch.compile(step, backend=cnt) if compiled else step
+    frames = []
+    for x, (ref_out, ref_state) in zip(xs, expected):
+        before = state.clone()
+        out, new = fn(state, x)
+        torch.testing.assert_close(out, ref_out)
+        got = dict(new.flatten_keys(".").items())
+        assert sorted(got) == sorted(ref_state)
+        for k, v in ref_state.items():
+            torch.testing.assert_close(got[k], v, msg=k)
+        # the given state is not written
+        for k, v in before.flatten_keys(".").items():
+            assert torch.equal(state.flatten_keys(".")[k], v), k
+        state = new
+        frames.append(cnt.frame_count)
+    shapes = {k: tuple(v.shape) for k, v in state.flatten_keys(".").items()}
+    assert shapes != shapes0  # the statistics took one value per channel
+    assert shapes["activation_post_process.min_val" if "scale" in shapes else "min_val"] == (4,)
+    # the module kept its own tensors, with their values
+    for k, (t, v) in own.items():
+        assert from_module(module).flatten_keys(".")[k] is t
+        assert torch.equal(t, v)
+    if compiled:
+        assert frames[1] > frames[0]  # the shapes changed: a recompile
+        assert frames[-1] == frames[1]  # none afterwards
+
+
+def test_stacked_state_outside_vmap_names_what_it_found() -> None:
+    nets = [nn.Linear(3, 2) for _ in range(4)]
+    stacked = stack_modules(nets)
+    text = STACKED_STATE.format(n=4, key="weight", got=(4, 2, 3), expected=(2, 3))
+    with pytest.raises(ValueError, match="stacked over 4 modules") as info:
+        functional_call(nets[0], stacked, (torch.ones(5, 3),))
+    assert str(info.value) == text
+    # through torch.vmap, one member per call
+    out = torch.vmap(lambda s, x: functional_call(nets[0], s, (x,)), in_dims=(0, None))(
+        stacked, torch.ones(5, 3)
+    )
+    assert out.shape == (4, 5, 2)
+    # one tensor with another shape is the state's own: used as it is
+    state = from_module(nets[0]).set("bias", torch.zeros(4))
+    with pytest.raises(RuntimeError):  # torch's own error, from the module's computation
+        functional_call(nets[0], state, (torch.ones(5, 3),))
+    grown = from_module(nets[0]).set("weight", torch.zeros(5, 3)).set("bias", torch.zeros(5))
+    assert functional_call(nets[0], grown, (torch.ones(2, 3),)).shape == (2, 5)
+
+
+# ----------------------------------------------------------------------------- unwritten state
+class SliceOut(nn.Module):
+    """Returns a view of its buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.arange(12.0).reshape(4, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.table[1:3] + x[:2]
+
+
+class ReadsFlags(nn.Module):
+    """Reads its parameter's ``requires_grad`` flag, sets its buffer's (writes nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("scale", torch.full((3,), 2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.scale.requires_grad_(False)
+        y = self.lin(x)
+        return y * self.scale if self.lin.weight.requires_grad else y
+
+
+UNWRITTEN: dict[str, tuple[Callable[[], nn.Module], Callable[[], torch.Tensor]]] = {
+    "batchnorm_eval": (lambda: nn.BatchNorm1d(3).eval(), lambda: torch.randn(5, 3)),
+    "instancenorm_stats_eval": (
+        lambda: nn.InstanceNorm1d(3, track_running_stats=True).eval(),
+        lambda: torch.randn(2, 3, 5),
+    ),
+    "spectral_norm_eval": (
+        lambda: parametrizations.spectral_norm(nn.Linear(3, 3)).eval(),
+        lambda: torch.randn(5, 3),
+    ),
+    "orthogonal_eval": (
+        lambda: parametrizations.orthogonal(nn.Linear(3, 3)).eval(),
+        lambda: torch.randn(5, 3),
+    ),
+    "buffer_returned_as_view": (SliceOut, lambda: torch.randn(5, 3)),
+    "requires_grad_flags": (ReadsFlags, lambda: torch.randn(5, 3)),
+}
+
+
+def _unwritten_setup(kind: str) -> tuple[nn.Module, Callable[[], torch.Tensor], TensorDict]:
+    make, make_x = UNWRITTEN[kind]
+    torch.manual_seed(0)
+    module = make()
+    state = from_module(module).detach().clone()
+    # parameters as a training loop holds them: leaves that require grad
+    params = {k for k, _ in module.named_parameters()}
+    flat = {k: v.requires_grad_(k in params) for k, v in state.flatten_keys(".").items()}
+    return module, make_x, TensorDict(flat).unflatten_keys(".")
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("kind", sorted(UNWRITTEN))
+def test_unwritten_state_is_the_callers_own_under_compile(kind: str, backend: str) -> None:
+    """``fullgraph=True``: the new state is the given container, every leaf the caller's own
+    tensor (as eagerly); 1 frame, no recompile on new values."""
+    module, make_x, state = _unwritten_setup(kind)
+    cnt = CompileCounterWithBackend(backend)
+    fn = torch.compile(
+        lambda s, x: functional_call(module, s, (x,), return_state=True),
+        backend=cnt,
+        fullgraph=True,
+    )
+    for _ in range(3):
+        x = make_x()
+        out, new = fn(state, x)
+        eager_out, eager_new = functional_call(module, state, (x,), return_state=True)
+        assert eager_new is state
+        torch.testing.assert_close(out, eager_out)
+        mine, given = new.flatten_keys("."), state.flatten_keys(".")
+        for k in given:
+            assert mine[k] is given[k], k
+        assert new is state
+    assert cnt.frame_count == 1
+
+
+@pytest.mark.slow
+def test_unwritten_state_costs_no_copy_kernel_with_inductor() -> None:
+    """Inductor's code for an eval-mode batch norm and a module returning a view of its buffer
+    holds no copy kernel: unwritten buffers are read where they are."""
+    from torch._inductor.utils import run_and_get_code
+
+    for kind in ("batchnorm_eval", "buffer_returned_as_view"):
+        module, make_x, state = _unwritten_setup(kind)
+        torch._dynamo.reset()
+        fn = torch.compile(
+            lambda s, x, m=module: functional_call(m, s, (x,), return_state=True),
+            backend="inductor",
+            fullgraph=True,
+        )
+        x = make_x()
+        (out, new), codes = run_and_get_code(fn, state, x)
+        assert new is state
+        torch.testing.assert_close(out, functional_call(module, state, (x,)))
+        code = "\n".join(codes)
+        assert not re.search(r"clone|copy", code), (kind, code)
+
+
+# ----------------------------------------------------------------------------- typed errors
+class ForeachEMA(nn.Module):
+    """Moving averages of its input in two buffers, written by one in-place foreach op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("a", torch.zeros(3))
+        self.register_buffer("b", torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch._foreach_mul_([self.a, self.b], 0.75)
+        torch._foreach_add_([self.a, self.b], [x.mean(0) / 4, x.mean(0) / 4])
+        return x * 2
+
+
+class Counter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count += 1
+        return x + 1
+
+
+class Grows(nn.Module):
+    """Creates a buffer at its first call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen = x.detach().sum(0)
+        return x + 1
+
+
+def _written(cls: str, name: str) -> str:
+    return STATE_WRITTEN.format(
+        module="(the root module)", cls=cls, kind="buffer", name=name, key=name
+    )
+
+
+REFUSALS: dict[str, tuple[Callable[[], nn.Module], str]] = {
+    "foreach_write": (ForeachEMA, _written("ForeachEMA", "a")),
+    "in_place_write": (Counter, _written("Counter", "count")),
+    "created": (Grows, STATE_CREATED.format(key="seen", cls="Grows")),
+}
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "graph_breaks"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("kind", sorted(REFUSALS))
+def test_refusal_keeps_its_type_and_message_under_compile(
+    kind: str, backend: str, fullgraph: bool
+) -> None:
+    """What the module did (a write, state created) with ``return_state=False``: eager's
+    PermissionError, type and message, raised by the compiled program itself, and nothing
+    written; the same module with ``return_state=True`` compiles to one frame."""
+    make, text = REFUSALS[kind]
+    module = make()
+    state = from_module(module).detach().clone()
+    before = {k: v.clone() for k, v in state.items()}
+    x = torch.randn(4, 3)
+    with pytest.raises(PermissionError) as eager:
+        functional_call(module, state, (x,))
+    assert str(eager.value) == text
+    cnt = CompileCounterWithBackend(backend)
+    fn = torch.compile(
+        lambda s, x: functional_call(module, s, (x,)), backend=cnt, fullgraph=fullgraph
+    )
+    for _ in range(2):
+        with pytest.raises(PermissionError) as compiled:
+            fn(state, torch.randn(4, 3))
+        assert type(compiled.value) is PermissionError
+        assert str(compiled.value) == text
+    assert cnt.frame_count == 1  # the program raises; no graph break, no recompile
+    for k, v in before.items():
+        assert torch.equal(state[k], v)
+    assert all(from_module(module)[k].abs().sum() == v.abs().sum() for k, v in before.items())
+    # with return_state=True the same module gives its new state, compiled as eagerly
+    stepped = torch.compile(
+        lambda s, x: functional_call(module, s, (x,), return_state=True),
+        backend=backend,
+        fullgraph=True,
+    )
+    _, new = stepped(state, x)
+    _, eager_new = functional_call(module, state, (x,), return_state=True)
+    assert sorted(new.keys()) == sorted(eager_new.keys())
+    for k in eager_new:
+        torch.testing.assert_close(new[k], eager_new[k])
