@@ -33,6 +33,7 @@ from ._ragged import JaggedOpError
 from ._tensorclass import is_tensorclass, tensorclass
 from ._tree import OPTREE_NAMESPACE
 from ._tree import is_node as is_container
+from ._varlen import as_jagged, collate_jagged, from_padded, to_padded
 from ._version import __version__
 from .interop._errors import SafetensorsFormatError
 from .interop._safetensors import load_safetensors, save_safetensors
@@ -96,12 +97,15 @@ __all__ = [
     "StructureError",
     "TensorDict",
     "__version__",
+    "as_jagged",
     "cat",
+    "collate_jagged",
     "compile",
     "cond",
     "dynamic_batch_shapes",
     "empty_like",
     "from_module",
+    "from_padded",
     "from_tensordict",
     "full_like",
     "functional_call",
@@ -123,6 +127,7 @@ __all__ = [
     "state_dict",
     "tensorclass",
     "testing",
+    "to_padded",
     "to_tensordict",
     "value_and_grad",
     "while_loop",

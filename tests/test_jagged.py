@@ -242,3 +242,96 @@ def test_save_refuses_a_ragged_dim_after_dim_1(tmp_path):
     msg = ME.JAGGED_RAGGED_DIM.format(key="'x'", dim=2)
     with pytest.raises(TypeError, match=re.escape(msg)):
         tdfunc.save(TensorDict(x=x, batch_size=[2]), tmp_path / "s")
+
+
+# ------------------------------------------------------------------ conversions and collate
+def episodes(lens=(4, 2, 3)):
+    return [
+        TensorDict(
+            obs=torch.arange(n * 3.0).reshape(n, 3) + i,
+            reward=torch.full((n,), float(i)),
+            task=f"task{i}",
+            batch_size=[n],
+        )
+        for i, n in enumerate(lens)
+    ]
+
+
+def test_as_jagged_batches_episodes_of_different_lengths():
+    eps = episodes()
+    batch = tdfunc.as_jagged(eps)
+    assert batch.batch_size == (3,)
+    assert batch["obs"].is_nested
+    assert batch["reward"].is_nested
+    assert batch["task"] == ("task0", "task1", "task2")
+    for ep, row in zip(eps, batch.unbind(0)):
+        assert torch.equal(row["obs"], ep["obs"])
+        assert torch.equal(row["reward"], ep["reward"])
+        assert row["task"] == ep["task"]
+    assert eps[0]["obs"].shape == (4, 3)  # the samples are not changed
+
+
+def test_as_jagged_stacks_leaves_of_one_shape_unless_named():
+    samples = [TensorDict(tok=torch.arange(n), label=torch.tensor(n)) for n in (3, 1)]
+    batch = tdfunc.as_jagged(samples)
+    assert batch["tok"].is_nested
+    assert not batch["label"].is_nested
+    assert batch["label"].tolist() == [3, 1]
+    same = [TensorDict(tok=torch.arange(2)) for _ in range(2)]
+    assert not tdfunc.as_jagged(same)["tok"].is_nested
+    assert tdfunc.as_jagged(same, keys=["tok"])["tok"].is_nested
+
+
+def test_as_jagged_errors():
+    with pytest.raises(ValueError, match=re.escape(tdfunc._varlen.AS_JAGGED_EMPTY)):
+        tdfunc.as_jagged([])
+    bad = [TensorDict(x=torch.zeros(2, 3)), TensorDict(x=torch.zeros(2, 4))]
+    msg = tdfunc._varlen.AS_JAGGED_SHAPE.format(key="'x'", got=(2, 4), index=1, want=(2, 3))
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        tdfunc.as_jagged(bad)
+    with pytest.raises(ValueError, match=re.escape("sample 0 has batch_size (2, 2)")):
+        tdfunc.as_jagged([TensorDict(x=torch.zeros(2, 2), batch_size=[2, 2])])
+    with pytest.raises(ValueError, match="key 'x' is 0-d"):
+        tdfunc.as_jagged([TensorDict(x=torch.tensor(1.0))], keys=["x"])
+    with pytest.raises(tdfunc.KeysDifferError):
+        tdfunc.as_jagged([TensorDict(x=torch.zeros(1)), TensorDict(y=torch.zeros(1))])
+
+
+def test_to_padded_and_back():
+    batch = tdfunc.as_jagged(episodes())
+    padded = tdfunc.to_padded(batch, -1.0)
+    assert padded["obs"].shape == (3, 4, 3)
+    assert padded["masks", "obs"].tolist() == [
+        [True] * 4,
+        [True, True, False, False],
+        [True, True, True, False],
+    ]
+    assert padded["obs"][1, 2:].eq(-1).all()
+    assert padded["task"] == ("task0", "task1", "task2")
+    back = tdfunc.from_padded(padded)
+    assert back.keys() == batch.keys()
+    assert rows(back["obs"]) == rows(batch["obs"])
+    assert rows(back["reward"]) == rows(batch["reward"])
+    with pytest.raises(KeyError, match="already an entry"):
+        tdfunc.to_padded(padded)
+
+
+def test_collate_jagged_with_a_dataloader():
+    from functools import partial
+
+    from torch.utils.data import DataLoader
+
+    data = [TensorDict(tok=torch.arange(n) + 10 * n, text=f"s{n}") for n in (3, 1, 2, 5)]
+    batches = list(DataLoader(data, batch_size=2, collate_fn=tdfunc.collate_jagged))
+    assert [b["tok"].offsets().tolist() for b in batches] == [[0, 3, 4], [0, 2, 7]]
+    assert batches[1]["text"] == ("s2", "s5")
+    # the round trip: every sample comes back from its batch
+    got = [row for b in batches for row in b.unbind(0)]
+    assert all(
+        torch.equal(g["tok"], d["tok"]) and g["text"] == d["text"] for g, d in zip(got, data)
+    )
+    padded = list(
+        DataLoader(data, batch_size=2, collate_fn=partial(tdfunc.collate_jagged, pad=True))
+    )
+    assert padded[0]["tok"].tolist() == [[30, 31, 32], [10, 0, 0]]
+    assert padded[0]["masks", "tok"].sum(1).tolist() == [3, 1]
