@@ -241,10 +241,13 @@ class Container(Node):
         v = get_path(self, as_path(key), default)
         return v.value if isinstance(v, NonTensor) else v
 
-    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
+    def keys(
+        self, include_nested: bool = False, leaves_only: bool = False, *, sort: bool = False
+    ) -> list[Any]:
         """Keys of the entries (``None`` fields are skipped): strings at the top level, tuples
         below it when ``include_nested`` (a nested container after its own keys, as in
-        tensordict); ``leaves_only`` keeps tensor entries only.
+        tensordict); ``leaves_only`` keeps tensor entries only; ``sort`` orders them by their
+        names joined with ``"."`` (as tensordict's ``sort=True``).
 
         Example:
             >>> import torch, tdfunc
@@ -254,9 +257,11 @@ class Container(Node):
             >>> td.keys(include_nested=True, leaves_only=True)
             ['a', ('n', 'b')]
         """
-        return [k for k, _ in self.items(include_nested, leaves_only)]
+        return [k for k, _ in self.items(include_nested, leaves_only, sort=sort)]
 
-    def values(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
+    def values(
+        self, include_nested: bool = False, leaves_only: bool = False, *, sort: bool = False
+    ) -> list[Any]:
         """Values in the order of :meth:`keys`.
 
         Example:
@@ -265,10 +270,10 @@ class Container(Node):
             >>> [v.shape for v in td.values()]
             [torch.Size([2, 3])]
         """
-        return [v for _, v in self.items(include_nested, leaves_only)]
+        return [v for _, v in self.items(include_nested, leaves_only, sort=sort)]
 
     def items(
-        self, include_nested: bool = False, leaves_only: bool = False
+        self, include_nested: bool = False, leaves_only: bool = False, *, sort: bool = False
     ) -> list[tuple[Any, Any]]:
         """``(key, value)`` pairs in the order of :meth:`keys`.
 
@@ -281,6 +286,8 @@ class Container(Node):
         pairs = _keys.walk(
             self, leaves_only=leaves_only, include_nested=include_nested, nodes_last=True
         )
+        if sort:
+            pairs = sorted(pairs, key=lambda pv: ".".join(pv[0]))
         return [(p[0] if len(p) == 1 else p, v) for p, v in pairs]
 
     def __contains__(self, key: object) -> bool:
@@ -759,10 +766,11 @@ class Container(Node):
         """
         return ops.to(self, *args, **kwargs)
 
-    def clone(self: T) -> T:
+    def clone(self: T, recurse: bool = True) -> T:
         """A copy with cloned leaves: new plain tensors with the same values, sharing no
         memory with this container. A memory-mapped leaf (from :func:`tdfunc.load`) becomes
         a plain in-memory ``torch.Tensor``, detached from its file and mode.
+        ``recurse=False`` (tensordict's option) is :meth:`copy`: the same leaves.
 
         Example:
             >>> import torch, tdfunc
@@ -771,6 +779,8 @@ class Container(Node):
             >>> c["x"] is td["x"], torch.equal(c["x"], td["x"])
             (False, True)
         """
+        if not recurse:
+            return self.copy()
         return ops.clone(self)
 
     def detach(self: T) -> T:
@@ -823,7 +833,8 @@ class Container(Node):
         if inplace:
             raise _inplace.inplace_option_error(type(self), "consolidate")
         if filename is not None or options:
-            raise _inplace.consolidate_option_error(type(self), filename, options)
+            option = "filename" if filename is not None else next(iter(options))
+            raise _inplace.option_error(type(self), "consolidate", option)
         return ops.consolidate(self)
 
     def cpu(self: T) -> T:

@@ -94,7 +94,16 @@ CONSOLIDATE_OPTIONS: dict[str, str] = {
     "return_early": "td.consolidate() (it returns when done)",
     "metadata": "td.consolidate() (no metadata is kept: the container is the layout)",
 }
-CONSOLIDATE_OPTION = "{cls}.consolidate() does not take tensordict's {option}=: {hint}"
+#: tensordict's ``update`` options tdfunc does not take (keyword arguments of ``update`` are
+#: otherwise entries: these names would become keys) -> the tdfunc spelling
+UPDATE_OPTIONS: dict[str, str] = {
+    "keys_to_update": "td.update(other.select(*keys, strict=False))",
+    "is_leaf": "td.update(other) (containers are the nodes, tensors the leaves)",
+    "update_batch_size": "tdfunc.TensorDict(td.update(other).to_dict(), batch_size=new)",
+    "ignore_lock": "td.update(other) (a container is never locked)",
+}
+OPTIONS: dict[str, dict[str, str]] = {"consolidate": CONSOLIDATE_OPTIONS, "update": UPDATE_OPTIONS}
+OPTION = "{cls}.{method}() does not take tensordict's {option}=: {hint}"
 
 
 def inplace_option_error(cls: type, method: str) -> E.InPlaceError:
@@ -112,18 +121,17 @@ def inplace_option_error(cls: type, method: str) -> E.InPlaceError:
     )
 
 
-def consolidate_option_error(cls: type, filename: object, options: dict[str, object]) -> TypeError:
-    """The ``TypeError`` for a tensordict ``consolidate`` option tdfunc does not take: it names
-    the tdfunc spelling (:data:`CONSOLIDATE_OPTIONS`).
+def option_error(cls: type, method: str, option: str) -> TypeError:
+    """The ``TypeError`` for a tensordict option of ``method`` that tdfunc does not take: it
+    names the tdfunc spelling (:data:`OPTIONS`).
 
     Example:
         >>> import tdfunc
-        >>> print(consolidate_option_error(tdfunc.TensorDict, "f.bin", {}))  # doctest: +ELLIPSIS
+        >>> print(option_error(tdfunc.TensorDict, "consolidate", "filename"))  # doctest: +ELLIPSIS
         TensorDict.consolidate() does not take tensordict's filename=: tdfunc.save(td, path) ...
     """
-    option = "filename" if filename is not None else next(iter(options))
-    hint = CONSOLIDATE_OPTIONS.get(option, "td.consolidate() (no options)")
-    return TypeError(CONSOLIDATE_OPTION.format(cls=cls.__name__, option=option, hint=hint))
+    hint = OPTIONS[method].get(option, f"td.{method}() (no such option)")
+    return TypeError(OPTION.format(cls=cls.__name__, method=method, option=option, hint=hint))
 
 
 def pure_spelling(cls: type, name: str) -> str | None:

@@ -269,7 +269,7 @@ TABLE: dict[str, Row] = {
     **{n: same("(...)") for n in ["get", "items", "values", "select", "exclude", "replace"]},
     "keys": Row(
         "(include_nested, leaves_only)",
-        "a list; with `include_nested`, a nested container comes after its keys, as in tensordict",
+        "a list; with `include_nested`, a nested container comes after its keys, as in tensordict; `sort=True` as tensordict",
     ),
     "set": Row(
         "(key, value)",
@@ -279,7 +279,8 @@ TABLE: dict[str, Row] = {
     "update": Row(
         "(other)",
         "PURE: tensordict writes into `td` (and returns it); here `td` is left as it was: "
-        "keep the result, `td = td.update(other)`; `inplace=True` raises InPlaceError",
+        "keep the result, `td = td.update(other)`; `clone=` and `non_blocking=` as tensordict, "
+        "`inplace=True` raises InPlaceError, its other options a TypeError naming the spelling",
     ),
     "rename_keys": Row("(mapping)", "a renamed key keeps its position (tensordict moves it last)"),
     "split_keys": Row(
@@ -315,7 +316,7 @@ TABLE: dict[str, Row] = {
     # ------------------------------------------------------------------ transforms
     "apply": same("(fn, *others)"),
     "named_apply": same("(fn, *others, nested_keys=True)"),
-    "clone": same("()"),
+    "clone": Row("()", "`recurse=False` as tensordict: `td.copy()`, the same leaves"),
     "copy": same("()"),
     "contiguous": same("()"),
     "detach": same("()"),

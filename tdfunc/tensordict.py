@@ -65,6 +65,17 @@ def convert_value(
     )
 
 
+def _cloned(value: Any) -> Any:
+    """``value`` with every tensor cloned (tensors, containers, nested mappings)."""
+    if isinstance(value, Tensor):
+        return value.clone()
+    if is_node(value):
+        return ops.clone(value)
+    if isinstance(value, Mapping):
+        return {k: _cloned(v) for k, v in value.items()}
+    return value
+
+
 class _TensorDictType(type):
     """The class of ``TensorDict``: a class attribute that does not exist (a tensordict
     classmethod such as ``TensorDict.from_module``) raises an ``AttributeError`` naming its
@@ -252,8 +263,12 @@ class TensorDict(Container, metaclass=_TensorDictType):
             return v.value if isinstance(v, nontensor.NonTensor) else v
         return ops.index(self, key)
 
-    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
-        """Keys: strings at the top level, tuples for nested keys when ``include_nested``.
+    def keys(
+        self, include_nested: bool = False, leaves_only: bool = False, *, sort: bool = False
+    ) -> list[Any]:
+        """Keys: strings at the top level, tuples for nested keys when ``include_nested`` (a
+        nested TensorDict after its own keys, as in tensordict); ``sort`` orders them by
+        their names joined with ``"."`` (tensordict's ``sort=True``).
 
         Example:
             >>> import torch, tdfunc
@@ -261,11 +276,13 @@ class TensorDict(Container, metaclass=_TensorDictType):
             >>> list(td.keys()), list(td.keys(include_nested=True, leaves_only=True))
             (['a', 'n'], ['a', ('n', 'b')])
         """
-        if not include_nested and not leaves_only:
+        if not include_nested and not leaves_only and not sort:
             return list(self._data)
-        return [k for k, _ in self.items(include_nested, leaves_only)]
+        return [k for k, _ in self.items(include_nested, leaves_only, sort=sort)]
 
-    def values(self, include_nested: bool = False, leaves_only: bool = False) -> list[Any]:
+    def values(
+        self, include_nested: bool = False, leaves_only: bool = False, *, sort: bool = False
+    ) -> list[Any]:
         """Values in the order of :meth:`keys`.
 
         Example:
@@ -274,12 +291,12 @@ class TensorDict(Container, metaclass=_TensorDictType):
             >>> [v.shape for v in td.values(include_nested=True, leaves_only=True)]
             [torch.Size([2]), torch.Size([2])]
         """
-        if not include_nested and not leaves_only:
+        if not include_nested and not leaves_only and not sort:
             return list(self._data.values())
-        return [v for _, v in self.items(include_nested, leaves_only)]
+        return [v for _, v in self.items(include_nested, leaves_only, sort=sort)]
 
     def items(
-        self, include_nested: bool = False, leaves_only: bool = False
+        self, include_nested: bool = False, leaves_only: bool = False, *, sort: bool = False
     ) -> list[tuple[Any, Any]]:
         """``(key, value)`` pairs in the order of :meth:`keys`: strings at the top level,
         tuples below it.
@@ -290,9 +307,9 @@ class TensorDict(Container, metaclass=_TensorDictType):
             >>> [k for k, _ in td.items(include_nested=True, leaves_only=True)]
             ['a', ('n', 'b')]
         """
-        if not include_nested and not leaves_only:
+        if not include_nested and not leaves_only and not sort:
             return list(self._data.items())
-        return super().items(include_nested, leaves_only)
+        return super().items(include_nested, leaves_only, sort=sort)
 
     # ------------------------------------------------------------------ functional updates
     def set(self, key: KeyLike, value: Any, *, inplace: bool = False) -> TensorDict:
@@ -319,13 +336,18 @@ class TensorDict(Container, metaclass=_TensorDictType):
         /,
         *,
         inplace: bool = False,
+        clone: bool = False,
+        non_blocking: bool = False,
         **kwargs: Any,
     ) -> TensorDict:
         """A new TensorDict with the entries of ``other`` (nested mappings merged recursively).
 
-        Keyword arguments are more entries, except ``inplace`` (tensordict's option):
-        ``inplace=True`` raises :class:`tdfunc.InPlaceError`; ``td`` itself is never changed,
-        keep the result (``td = td.update(other)``).
+        Keyword arguments are more entries, except tensordict's options: ``clone=True``
+        clones the new values, ``non_blocking`` is accepted (the values do not depend on it),
+        ``inplace=True`` raises :class:`tdfunc.InPlaceError` (``td`` itself is never
+        changed: keep the result, ``td = td.update(other)``), and ``keys_to_update``,
+        ``is_leaf``, ``update_batch_size`` and ``ignore_lock`` raise a ``TypeError`` naming
+        the tdfunc spelling (a key of one of these names goes in ``other``).
 
         Example:
             >>> import torch, tdfunc
@@ -335,6 +357,11 @@ class TensorDict(Container, metaclass=_TensorDictType):
         """
         if inplace:
             raise _inplace.inplace_option_error(TensorDict, "update")
+        for name in kwargs:  # usually none: the entries come in ``other``
+            if name in _inplace.UPDATE_OPTIONS:
+                raise _inplace.option_error(TensorDict, "update", name)
+        if clone:
+            other, kwargs = _cloned(other), {k: _cloned(v) for k, v in kwargs.items()}
         out: TensorDict = self
         pairs: list[tuple[Any, Any]] = []
         if other is not None:

@@ -240,3 +240,46 @@ def test_dataloader_collate_identity_gives_a_list_default_collate_a_container() 
     assert tdfunc.is_container(batch)
     assert batch.batch_size == torch.Size([4])
     assert batch["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+# ---------------------------------------------------------------------------- more keywords
+def test_keys_sort_as_tensordict() -> None:
+    pytest.importorskip("tensordict")
+    td = tdfunc.TensorDict(
+        {"z": torch.zeros(3), "b": {"y": torch.zeros(3), "a": torch.zeros(3)}, "a": torch.zeros(3)},
+        [3],
+    )
+    ref = tdfunc.to_tensordict(td)
+    for args in [(), (True,), (True, True)]:
+        assert td.keys(*args, sort=True) == list(ref.keys(*args, sort=True)), args
+        assert [k for k, _ in td.items(*args, sort=True)] == td.keys(*args, sort=True)
+        assert len(td.values(*args, sort=True)) == len(td.keys(*args, sort=True))
+
+
+def test_clone_recurse_false_shares_the_leaves_as_tensordict() -> None:
+    td = nested()
+    shallow = td.clone(recurse=False)
+    assert shallow["a"] is td["a"]
+    assert shallow["n", "m", "c"] is td["n", "m", "c"]
+    ref = tdfunc.to_tensordict(td)
+    assert ref.clone(recurse=False)["a"] is ref["a"]
+    assert td.clone()["a"] is not td["a"]
+
+
+def test_update_takes_tensordict_options_and_never_makes_them_keys() -> None:
+    td = tdfunc.TensorDict(a=torch.zeros(()))
+    x = torch.ones(())
+    out = td.update({"b": x, "n": {"c": x}}, clone=True, non_blocking=True)
+    assert out.keys(True) == ["a", "b", ("n", "c"), "n"]
+    assert out["b"] is not x
+    assert out["n", "c"] is not x
+    assert torch.equal(out["b"], x)
+    assert td.update({"b": x})["b"] is x
+    for option, spelling in [
+        ("keys_to_update", "other.select(*keys, strict=False)"),
+        ("ignore_lock", "never locked"),
+        ("update_batch_size", "batch_size=new"),
+        ("is_leaf", "td.update(other)"),
+    ]:
+        with pytest.raises(TypeError, match=re.escape(spelling)):
+            td.update({"b": x}, **{option: True})
