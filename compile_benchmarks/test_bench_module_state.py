@@ -15,9 +15,13 @@ thread, ratio tdfunc / torch.func as the median of paired rounds, with the A/A c
   16]``): tdfunc with ``return_state=True`` (new running statistics returned, nothing written)
   against the stateful ``torch.func`` call that updates them in place in its dict.
 * ``batchnorm_eval``: the same net in eval mode, its running statistics in the state,
-  ``return_state=False``: compiled, tdfunc checks in the program that every buffer still holds
-  its values (fake tensors record no version for in-place foreach ops, so a buffer's write is
-  confirmed by value there); this row is the cost of that check.
+  ``return_state=False`` (nothing is checked by value: writes are known while tracing).
+* ``large_buffers``: a small net that only reads large buffers (a ``[8192, 256]`` table it
+  gathers 32 rows from, 8 MiB, and an eval-mode batch norm), ``return_state=True``: the new
+  state is the given one (every leaf the caller's own tensor) against torch.func's dict
+  returned as it is. Compiled, nothing is copied (the unwritten buffers are read where they
+  are); eagerly tdfunc copies every buffer it puts into the module (buffers are private
+  copies), which this row shows at its largest.
 
 Each row in eager mode and compiled (``fullgraph=True``, inductor; the Dynamo-only backend in
 quick mode, whose ratios are not measurements). Targets: eager <= 1.05, compiled <= 1.02.
@@ -57,12 +61,32 @@ def gpt2() -> nn.Module:
     return transformers.GPT2LMHeadModel(config).eval()
 
 
+class LargeBuffers(nn.Module):
+    """Reads a large table and batch-norm statistics, writes nothing (eval mode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(8192, 256))
+        self.lin = nn.Linear(256, 64)
+        self.bn = nn.BatchNorm1d(64)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.lin(self.table[idx]))
+
+
+def large_buffers() -> nn.Module:
+    torch.manual_seed(0)
+    return LargeBuffers().eval()
+
+
 def _inputs(workload: str) -> tuple[Any, ...]:
     g = torch.Generator().manual_seed(0)
     if workload.startswith("policy"):
         return (torch.randn(32, 8, generator=g),)
     if workload.startswith("gpt2"):
         return (torch.randint(0, 256, (4, 64), generator=g),)
+    if workload == "large_buffers":
+        return (torch.randint(0, 8192, (32,), generator=g),)
     return (torch.randn(8, 3, 16, 16, generator=g),)
 
 
@@ -76,7 +100,7 @@ def _contenders(workload: str, model: nn.Module) -> tuple[Callable[..., Any], ..
     # torch.func's usual state: named_parameters() and named_buffers() (one name per tie)
     named = [*model.named_parameters(), *model.named_buffers()]
     flat = {k: v.detach().clone() for k, v in named}
-    if workload == "batchnorm_train":
+    if workload in ("batchnorm_train", "large_buffers"):
 
         def td(s: Any, x: torch.Tensor) -> Any:
             return tdfunc.functional_call(model, s, (x,), return_state=True)
@@ -108,6 +132,7 @@ WORKLOADS = [
     "gpt2_grad",
     "batchnorm_train",
     "batchnorm_eval",
+    "large_buffers",
 ]
 
 
@@ -120,6 +145,8 @@ def test_module_state(benchmark: Any, bench_quick: bool, mode: str, workload: st
         if workload.startswith("policy")
         else gpt2()
         if workload.startswith("gpt2")
+        else large_buffers()
+        if workload == "large_buffers"
         else resnet_style()
     )
     if workload == "batchnorm_eval":
@@ -137,15 +164,17 @@ def test_module_state(benchmark: Any, bench_quick: bool, mode: str, workload: st
     with ctx():
         # the same result from both sides before anything is timed
         a_out, b_out = td(td_state, *args), tf(tf_state, *args)
-        if workload == "batchnorm_train":
+        if workload in ("batchnorm_train", "large_buffers"):
             torch.testing.assert_close(a_out[0], b_out[0], rtol=1e-4, atol=1e-4)
+            if workload == "large_buffers":  # nothing written: the state given, as it is
+                assert a_out[1] is td_state
         elif isinstance(a_out, torch.Tensor):
             torch.testing.assert_close(a_out, b_out, rtol=1e-4, atol=1e-4)
         else:
             got = a_out.flatten_keys(".")
             for k, v in got.items():
                 torch.testing.assert_close(v, b_out[k], rtol=1e-4, atol=1e-4)
-        heavy = workload.startswith(("gpt2", "batchnorm"))
+        heavy = workload.startswith(("gpt2", "batchnorm", "large"))
         rounds, calls = (3, 2) if bench_quick else (15, 20 if heavy else 200)
         report(
             benchmark,
