@@ -15,6 +15,7 @@ import tempfile
 
 import pytest
 import torch
+from helpers import check_compiled
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
@@ -283,3 +284,114 @@ def test_update_takes_tensordict_options_and_never_makes_them_keys() -> None:
     ]:
         with pytest.raises(TypeError, match=re.escape(spelling)):
             td.update({"b": x}, **{option: True})
+
+
+# ---------------------------------------------------------------------------- ported tutorials
+def _dataset(n: int = 6) -> list[tuple[torch.Tensor, int]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.rand(1, 4, 4, generator=g), i % 3) for i in range(n)]
+
+
+def test_tensorclass_fashion_tutorial_port_gives_tensordict_values() -> None:
+    """tensordict's tensorclass_fashion tutorial, ported with the guide's one-line changes:
+    ``MemoryMappedTensor.empty(shape, dtype=...)`` without a file, then ``data[i] = ...``
+    spelled as a write into the memory-mapped leaves (the container itself is a value)."""
+    T = pytest.importorskip("tensordict")
+    dataset = _dataset()
+
+    @T.tensorclass
+    class Theirs:
+        images: torch.Tensor
+        targets: torch.Tensor
+
+    ref = Theirs(
+        images=T.MemoryMappedTensor.empty((len(dataset), 4, 4), dtype=torch.float32),
+        targets=T.MemoryMappedTensor.empty((len(dataset),), dtype=torch.int64),
+        batch_size=[len(dataset)],
+    )
+    for i, (image, target) in enumerate(dataset):
+        ref[i] = Theirs(images=image.squeeze(), targets=torch.tensor(target), batch_size=[])
+
+    @tdfunc.tensorclass
+    class Ours:
+        images: torch.Tensor
+        targets: torch.Tensor
+
+    data = Ours(
+        images=tdfunc.MemoryMappedTensor.empty((len(dataset), 4, 4), dtype=torch.float32),
+        targets=tdfunc.MemoryMappedTensor.empty((len(dataset),), dtype=torch.int64),
+        batch_size=[len(dataset)],
+    )
+    with pytest.raises(tdfunc.InPlaceError, match=re.escape("td.at[index].set(value)")):
+        data[0] = Ours(images=dataset[0][0].squeeze(), targets=torch.tensor(0), batch_size=[])
+    for i, (image, target) in enumerate(dataset):
+        data.images[i] = image.squeeze()  # the leaves are files opened "r+": writes go there
+        data.targets[i] = target
+    torch.testing.assert_close(data.images * 1, ref.images * 1)
+    torch.testing.assert_close(data.targets * 1, ref.targets * 1)
+    batch = next(iter(torch.utils.data.DataLoader(data, batch_size=4)))
+    assert isinstance(batch, Ours)
+    torch.testing.assert_close(batch.images * 1, ref[:4].images * 1)
+
+
+def test_keys_and_shapes_tutorial_port_gives_tensordict_values() -> None:
+    """tensordict's keys / shapes / slicing tutorials, ported with the guide's changes (the
+    in-place writes rebind the name)."""
+    T = pytest.importorskip("tensordict")
+    g = torch.Generator().manual_seed(1)
+    d = {"key 1": torch.rand(3, 4, 5, generator=g), "key 2": torch.zeros(3, 4, 5, dtype=torch.bool)}
+    ref = T.TensorDict(d, [3, 4])
+    td = tdfunc.TensorDict(d, [3, 4])
+    ref["key 3"] = torch.ones(3, 4)
+    td = td.set("key 3", torch.ones(3, 4))
+    ref.set(("nested", "x"), torch.rand(3, 4, 2, generator=g))
+    td = td.set(("nested", "x"), ref["nested", "x"])
+    ref.rename_key_("key 1", "key 4")
+    td = td.rename_key("key 1", "key 4")
+    ref.del_("key 2")
+    td = td.exclude("key 2")
+    # a renamed key keeps its place here (tensordict moves it last: the table's note)
+    assert sorted(map(str, td.keys(True))) == sorted(map(str, ref.keys(True)))
+    assert td.keys(True, sort=True) == list(ref.keys(True, sort=True))
+    for got, want in [
+        (td[0], ref[0]),
+        (td[:, 1], ref[:, 1]),
+        (td.reshape(-1), ref.reshape(-1)),
+        (td.unsqueeze(0), ref.unsqueeze(0)),
+        (td.permute(1, 0), ref.permute(1, 0)),
+        (torch.stack([td, td], 0), torch.stack([ref, ref], 0)),
+        (torch.cat([td, td], 0), torch.cat([ref, ref], 0)),
+        (td.flatten_keys(separator="."), ref.flatten_keys(separator=".")),
+    ]:
+        assert got.batch_size == want.batch_size
+        assert got.keys(True, sort=True) == list(want.keys(True, sort=True))
+        for k in got.keys(True, True):
+            torch.testing.assert_close(got[k], want[k])
+    value, td = td.popped("key 3")
+    torch.testing.assert_close(value, ref.pop("key 3"))
+    assert td.keys(True, sort=True) == list(ref.keys(True, sort=True))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda td: td.flatten_keys(separator="/").unflatten_keys(separator="/") * 2,
+        lambda td: td.popped("a")[1].update({"c": td["a"]}, clone=True, non_blocking=True),
+        lambda td: td.clone(recurse=False).select("a", inplace=False).exclude("a") + 1,
+        lambda td: [v * 2 for v in td.values(True, True, sort=True)],
+        lambda td: td.consolidate(num_threads=2) * 1,
+        lambda td: tdfunc.TensorDict({"x": td["a"] + 1, "n": td["n"]}, td.batch_size) * 2,
+    ],
+    ids=[
+        "separator",
+        "popped_update_clone",
+        "clone_recurse_select",
+        "sort",
+        "consolidate",
+        "positional",
+    ],
+)
+def test_tensordict_keywords_compile_fullgraph_without_recompiles(fn) -> None:
+    """The tensordict spellings, on an input and on a container made inside the function:
+    one frame, eager values, no recompile on new values."""
+    check_compiled(fn, lambda: (nested(),))
