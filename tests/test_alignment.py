@@ -280,3 +280,24 @@ def test_under_grad_the_gradient_of_w_sums_over_feature_dims() -> None:
     g = torch.func.grad(loss)(w)
     want = sum(x.reshape(-1, 3, *x.shape[2:]).sum(dim=[0, *range(2, x.ndim)]) for x in td.leaves())
     torch.testing.assert_close(g, want)
+
+
+def test_exported_with_a_dynamic_batch() -> None:
+    """``w`` shares the container's dynamic batch dim: the check holds for every size."""
+
+    class M(torch.nn.Module):
+        def forward(self, td: Any, w: torch.Tensor) -> Any:
+            return td * w + torch.maximum(td, w)
+
+    def make(n: int) -> tuple[Any, torch.Tensor]:
+        td = tdfunc.TensorDict(obs=torch.randn(n, 3), r=torch.randn(n), batch_size=[n])
+        return td, torch.rand(n)
+
+    b = torch.export.Dim("b")
+    td, w = make(4)
+    shapes = (tdfunc.dynamic_batch_shapes(td, {0: b}), {0: b})
+    ep = torch.export.export(M(), (td, w), dynamic_shapes=shapes)
+    td8, w8 = make(8)
+    out = ep.module()(td8, w8)
+    assert out.batch_size == (8,)
+    tdfunc.testing.assert_close(out, M()(td8, w8))
