@@ -178,6 +178,20 @@ class Container(Node):
             raise TypeError(E.LEN_UNBATCHED.format(cls=type(self).__name__))
         return self._batch_size[0]
 
+    def __getitems__(self: T, indices: Sequence[int]) -> T:
+        """``self[indices]`` in one gather along the first batch dim: what a
+        ``torch.utils.data.DataLoader`` over a container asks for a batch (torch's
+        ``__getitems__`` protocol). So, as in tensordict, ``collate_fn=lambda x: x`` gives the
+        batch container, and the default collate returns it as it is.
+
+        Example:
+            >>> import torch, tdfunc
+            >>> td = tdfunc.TensorDict(x=torch.arange(6.0), batch_size=[6])
+            >>> td.__getitems__([4, 1])["x"].tolist()
+            [4.0, 1.0]
+        """
+        return self[torch.as_tensor(indices, dtype=torch.long)]
+
     def __iter__(self) -> Iterator[Any]:
         if not self._batch_size:
             raise TypeError(

@@ -48,9 +48,11 @@ def collate_nodes(
         ('TensorDict', torch.Size([4]), [0.0, 1.0, 2.0, 3.0])
     """
     del collate_fn_map
+    # a container is already a batch: a DataLoader over a container reads one with
+    # Container.__getitems__ (one gather)
+    stacked = batch if isinstance(batch, Node) else ops.stack(list(batch))
     if get_worker_info() is None:
-        return ops.stack(list(batch))
-    stacked = ops.stack(list(batch))
+        return stacked
     return ops.apply(stacked, _to_shared)
 
 

@@ -479,7 +479,8 @@ MODULE_TABLE: dict[str, Row] = {
     ),
     "collate": Row(
         "torch.utils.data.default_collate",
-        "the DataLoader's default collate stacks containers; `collate_fn=lambda x: x` gives a list",
+        "it stacks a list of containers; a DataLoader over a container reads a batch in one "
+        "gather, and `collate_fn=lambda x: x` gives it whole, as in tensordict",
     ),
 }
 

@@ -231,16 +231,32 @@ def test_memmap_like_without_a_path_uses_a_temporary_folder() -> None:
 
 
 # ---------------------------------------------------------------------------- DataLoader
-def test_dataloader_collate_identity_gives_a_list_default_collate_a_container() -> None:
-    """tensordict's tutorials pass ``collate_fn=lambda x: x`` to a DataLoader over a container
-    (its ``__getitem__`` of a list of indices batches); here the default collate stacks."""
-    data = tdfunc.TensorDict({"x": torch.arange(8.0)}, [8])
-    listed = next(iter(torch.utils.data.DataLoader(data, batch_size=4, collate_fn=lambda x: x)))
-    assert isinstance(listed, list)
-    batch = next(iter(torch.utils.data.DataLoader(data, batch_size=4)))
-    assert tdfunc.is_container(batch)
-    assert batch.batch_size == torch.Size([4])
-    assert batch["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
+@pytest.mark.parametrize("collate_fn", [None, lambda x: x], ids=["default", "identity"])
+def test_dataloader_over_a_container_batches_as_tensordict(collate_fn) -> None:
+    """tensordict's tutorials pass ``collate_fn=lambda x: x`` to a DataLoader over a container:
+    a batch is read in one gather (``__getitems__``), and either collate gives it whole."""
+    T = pytest.importorskip("tensordict")
+    data = tdfunc.TensorDict({"x": torch.arange(8.0), "n": {"y": torch.rand(8, 2)}}, [8])
+    kw = {} if collate_fn is None else {"collate_fn": collate_fn}
+    ours = list(torch.utils.data.DataLoader(data, batch_size=3, **kw))
+    theirs = list(torch.utils.data.DataLoader(tdfunc.to_tensordict(data), batch_size=3, **kw))
+    assert [type(b) for b in ours] == [tdfunc.TensorDict] * 3
+    assert [b.batch_size for b in ours] == [b.batch_size for b in theirs]
+    for a, b in zip(ours, theirs):
+        assert isinstance(b, T.TensorDict)
+        tdfunc.testing.assert_close(a, tdfunc.from_tensordict(b, copy=True))
+    shuffled = next(iter(torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, **kw)))
+    assert sorted(shuffled["x"].tolist()) == data["x"].tolist()
+    for i, x in enumerate(shuffled["x"].long().tolist()):
+        torch.testing.assert_close(shuffled["n", "y"][i], data["n", "y"][x])
+
+
+def test_getitems_is_one_gather() -> None:
+    td = nested()
+    got = td.__getitems__([2, 0])
+    tdfunc.testing.assert_close(got, td[torch.tensor([2, 0])])
+    with pytest.raises(IndexError):
+        td.__getitems__([5])
 
 
 # ---------------------------------------------------------------------------- more keywords
