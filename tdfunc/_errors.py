@@ -312,6 +312,7 @@ BATCHDIM_MASK = (
     "{op}: the mask has shape {shape}, but it must have the container's batch_size "
     "{batch_size} (it selects batch entries, as td[mask])"
 )
+BATCHDIM_MASK_DTYPE = "{op}: the mask must be a bool tensor (as in torch), got {dtype}"
 BATCHDIM_SIZES = (
     "{op}: {sizes} has {n} entries, but the container has {bd} batch dims (batch_size "
     "{batch_size}); the sizes name batch dims only"

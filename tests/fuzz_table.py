@@ -107,6 +107,7 @@ FORMS: tuple[str, ...] = (
     "0, torch.tensor([3, 0, 1, 2]), x, 'sum'",
     "(1, 1)",
     "torch.tensor([3, 0, 1, 1]), 0",
+    "MASK",
 )
 
 #: table entries no form fits, each with the reason (a test keeps this list exact)

@@ -338,6 +338,19 @@ def test_masked_select_batch_mask() -> None:
         torch.masked_select(td, mask[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.long, torch.uint8, torch.float32])
+def test_masked_select_refuses_a_mask_that_is_not_bool(dtype: torch.dtype) -> None:
+    """As torch does (``masked_select: expected BoolTensor for mask``): an integer mask of
+    zeros is not a silent empty selection."""
+    td = make()
+    mask = torch.zeros(4, 3, dtype=dtype)
+    with pytest.raises(TypeError) as info:
+        torch.masked_select(td, mask)
+    assert str(info.value) == E.BATCHDIM_MASK_DTYPE.format(op="masked_select", dtype=dtype)
+    with pytest.raises(TypeError):
+        td.masked_select(mask)
+
+
 def test_expand_as() -> None:
     td = tdfunc.TensorDict(a=torch.randn(1, 3, 2), batch_size=[1, 3])
     other = tdfunc.TensorDict(b=torch.zeros(4, 3), batch_size=[4, 3])

@@ -499,7 +499,9 @@ def masked_select(node: Any, mask: Tensor) -> Any:
                 batch_size=tuple(node._batch_size),
             )
         )
-    return index(node, mask.to(torch.bool))
+    if mask.dtype != torch.bool:
+        raise TypeError(E.BATCHDIM_MASK_DTYPE.format(op="masked_select", dtype=mask.dtype))
+    return index(node, mask)
 
 
 def pad(node: Any, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Any:
