@@ -553,6 +553,10 @@ HINT_NONE = "; tdfunc has no tensordict `{name}`: {note}"
 NO_ATTRIBUTE = "{cls!r} object has no attribute {name!r}"
 NO_CLASS_ATTRIBUTE = "type object {cls!r} has no attribute {name!r}"
 NO_MODULE_ATTRIBUTE = "module {module!r} has no attribute {name!r}"
+NO_DIM_NAMES = (
+    "TensorDict(names={names!r}): dim names are not supported (keep the names next to the "
+    "container); a key named 'names' goes in the source mapping: TensorDict({{'names': x}})"
+)
 
 
 def _hint(r: Row | None, name: str) -> str:

@@ -110,7 +110,12 @@ class TensorDict(Container, metaclass=_TensorDictType):
         batch_size: the leading dims shared by every leaf (checked once, here); the second
             positional argument, as in tensordict: ``TensorDict(d, [4])``.
         device: if given, every leaf is moved to it (the third positional argument).
-        **kwargs: more key -> value pairs.
+        names: tensordict's dim names: not supported, a ``TypeError`` unless ``None``.
+        non_blocking: tensordict's option for the device move; accepted (the values do not
+            depend on it).
+        lock: tensordict's option; accepted: every container is immutable (locked) here.
+        **kwargs: more key -> value pairs (a key named like one of the arguments above goes
+            in ``source``).
 
     Example:
         >>> import torch, tdfunc
@@ -135,8 +140,13 @@ class TensorDict(Container, metaclass=_TensorDictType):
         /,
         batch_size: Sequence[int] | int | torch.Size = (),
         device: torch.device | str | None = None,
+        names: Sequence[str | None] | None = None,
+        non_blocking: bool | None = None,
+        lock: bool = False,
         **kwargs: Any,
     ) -> None:
+        if names is not None:
+            raise TypeError(_migration.NO_DIM_NAMES.format(names=names))
         bs = as_batch_size(batch_size)
         dev = None if device is None else torch.device(device)
         if source is not None and not isinstance(source, Mapping):

@@ -411,3 +411,21 @@ def test_tensordict_keywords_compile_fullgraph_without_recompiles(fn) -> None:
     """The tensordict spellings, on an input and on a container made inside the function:
     one frame, eager values, no recompile on new values."""
     check_compiled(fn, lambda: (nested(),))
+
+
+def test_tensordict_constructor_options_are_not_keys() -> None:
+    """``names``, ``non_blocking`` and ``lock`` are tensordict's constructor options (its
+    fourth to sixth arguments), never keys: ``lock`` and ``non_blocking`` are accepted,
+    ``names`` is a TypeError naming the way to keep a key of that name."""
+    T = pytest.importorskip("tensordict")
+    d = {"a": torch.zeros(3)}
+    ours = tdfunc.TensorDict(d, [3], "cpu", None, True, True)
+    ref = T.TensorDict(d, [3], "cpu", None, True, True)
+    assert ours.keys() == list(ref.keys()) == ["a"]
+    assert tdfunc.TensorDict(d, [3], lock=True, non_blocking=False).keys() == ["a"]
+    with pytest.raises(TypeError, match=re.escape("TensorDict({'names': x})")):
+        tdfunc.TensorDict(d, [3], names=["batch"])
+    assert tdfunc.TensorDict({"names": torch.zeros(3), "lock": torch.ones(3)}, [3]).keys() == [
+        "names",
+        "lock",
+    ]
