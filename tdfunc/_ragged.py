@@ -19,6 +19,7 @@ elementwise op compile to one graph.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ._tree import Node, leaves_with_paths
+from ._twins import traced_as
 
 JAGGED_OP = (
     "key {key}: {op} is not defined by torch on the batch dim of a jagged (torch.nested) "
@@ -77,10 +79,31 @@ def first_jagged(node: Node) -> int | None:
     return None
 
 
+#: ``x.is_nested`` read without a Python attribute lookup per leaf (eager only: Dynamo
+#: does not trace an ``attrgetter``; it traces :func:`_has_jagged_traced`)
+_IS_NESTED = operator.attrgetter("is_nested")
+
+
+def has_jagged(ls: Sequence[Tensor]) -> bool:
+    """True when one of the tensors ``ls`` is a ``torch.nested`` tensor (one C-level pass).
+
+    Example:
+        >>> import torch
+        >>> has_jagged([torch.zeros(2)])
+        False
+    """
+    return any(map(_IS_NESTED, ls))
+
+
+@traced_as(has_jagged)
+def _has_jagged_traced(ls: Sequence[Tensor]) -> bool:
+    return any(x.is_nested for x in ls)
+
+
 def refuse(node: Node, op: str, detail: str = "", ls: Sequence[Tensor] | None = None) -> None:
     """Raise :class:`JaggedOpError` for ``op`` when ``node`` holds a jagged leaf (``ls``: its
     leaves, when the caller has them: no second walk)."""
-    if ls is not None and not any(x.is_nested for x in ls):
+    if ls is not None and not has_jagged(ls):
         return
     i = first_jagged(node)
     if i is not None:

@@ -452,10 +452,14 @@ def test_nn_dispatch_keyword_tensors():
     compare(fn(x, y), expected)
 
 
-def test_nn_dispatch_non_tensor_keyword_is_a_clear_error():
+def test_nn_dispatch_non_tensor_keyword_reaches_the_module_as_its_value():
+    # None is a non-tensor value (as in tensordict): the module gets None itself
     mod = Mod(lambda x, y: x[y, :], in_keys=["x", "y"], out_keys=["_z"])
-    with pytest.raises(TypeError, match="key 'y'"):
-        mod(x=torch.randn(3), y=None)
+    x = torch.randn(3)
+    assert torch.equal(mod(x=x, y=None), x[None, :])
+    text = Mod(lambda x, t: x * len(t), in_keys=["x", "t"], out_keys=["y"])
+    out = text(TensorDict(x=torch.ones(2), t="abc", batch_size=[2]))
+    assert out["y"].tolist() == [3.0, 3.0]
 
 
 # ================================================================== functional (TestFunctional)

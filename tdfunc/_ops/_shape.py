@@ -16,6 +16,7 @@ from torch import Tensor
 from .. import _errors as E
 from .. import _nontensor as nontensor
 from .._nontensor import NonTensor
+from .._ragged import has_jagged
 from .._ragged import map_batch as jagged_map_batch
 from .._tree import leaves_and_nontensors, map_leaves
 from ._structure import _needs_a_batch_dim, norm_dim
@@ -59,7 +60,12 @@ def _map_shape(
             else nontensor.map_batch(nts, fn, ls[0].device if ls else None)
         )
     if ls:
-        out = [jagged_map_batch(x, fn, node, i) if x.is_nested else fn(x) for i, x in enumerate(ls)]
+        if has_jagged(ls):
+            out = [
+                jagged_map_batch(x, fn, node, i) if x.is_nested else fn(x) for i, x in enumerate(ls)
+            ]
+        else:
+            out = [fn(x) for x in ls]
         first = ls[0]
         # feature ndim of the first leaf, relative to the root's batch dims
         feat = first.ndim - len(node._batch_size)

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .._keys import ABSENT, as_path, fmt_key, get_path, is_key
 from .._keys import child as _child
+from .._nontensor import NonTensor
 from .._tree import KeyPath, Node, is_node
 from ..tensordict import TensorDict
 
@@ -193,11 +194,12 @@ def child(node: Any, key: str) -> Any:
 
 
 def read_key(node: Any, path: KeyPath, owner: str) -> Any:
-    """The value at ``path`` (``KeyError`` naming the key and ``owner`` when missing)."""
+    """The value at ``path`` (``KeyError`` naming the key and ``owner`` when missing); a
+    non-tensor leaf gives its value, as ``td[key]`` does."""
     if len(path) == 1 and isinstance(node, TensorDict):
         value = node._data.get(path[0], MISSING)
         if value is not MISSING:
-            return value
+            return value.value if isinstance(value, NonTensor) else value
     value = node
     for i, k in enumerate(path):
         if not is_node(value):
@@ -220,7 +222,7 @@ def read_key(node: Any, path: KeyPath, owner: str) -> Any:
                     available=available(parent, path[:i]),
                 )
             )
-    return value
+    return value.value if isinstance(value, NonTensor) else value
 
 
 def available(node: Any, prefix: KeyPath) -> list[Key]:
