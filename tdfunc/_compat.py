@@ -36,6 +36,8 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | TensorBase                     | torch._C.TensorBase                                    | ok   | ok   | ok   | none yet           |
 | OpOverloadPacket               | torch._ops.OpOverloadPacket                            | ok   | ok   | ok   | none yet           |
 | OpOverload                     | torch._ops.OpOverload                                  | ok   | ok   | ok   | none yet           |
+| operator_schemas               | torch._C._jit_get_schemas_for_operator                 | ok   | -    | -    | none yet           |
+| comptime (lazy)                | torch._dynamo.comptime.comptime                        | ok   | -    | -    | none yet           |
 | unary_foreach                  | torch._foreach_<unary> (exp, sigmoid, abs ...)         | ok   | ok   | ok   | none yet           |
 | pad_sequence_op                | torch._C._nn.pad_sequence                              | ok   | ok   | ok   | none yet (5)       |
 | make_wrapper_subclass          | torch.Tensor._make_wrapper_subclass                    | ok   | ok   | ok   | none yet           |
@@ -307,6 +309,11 @@ OpOverloadPacket = _class(
 )
 #: ``torch._ops.OpOverload``: one overload of an operator (its ``tags``: the pointwise lift)
 OpOverload = _class(lambda: torch._ops.OpOverload, "ATen op tags (torch._ops.OpOverload)")
+#: the schemas of every overload of an operator, by its qualified name (``"aten::add_"``)
+operator_schemas = _function(
+    lambda: torch._C._jit_get_schemas_for_operator,
+    "operator schemas by name (torch._C._jit_get_schemas_for_operator)",
+)
 #: the C function behind ``torch.nn.utils.rnn.pad_sequence``: the torch function a container's
 #: ``__torch_function__`` receives for ``pad_sequence([td, ...])``
 pad_sequence_op = _function(
@@ -432,6 +439,17 @@ def functional_collectives() -> Any:
         missing("traceable collectives (torch.distributed._functional_collectives)", _MIN)
 
 
+def comptime(fn: Callable[[Any], None]) -> None:
+    """Call ``fn(ctx)`` while Dynamo traces the caller, ``ctx`` being Dynamo's compile-time
+    context (``torch._dynamo.comptime.comptime``); eagerly nothing. Imports ``torch._dynamo``:
+    only for the traced twins (``tdfunc._twins``), which run once Dynamo is loaded."""
+    try:
+        from torch._dynamo.comptime import comptime as at_trace_time
+    except ImportError:
+        missing("compile-time callbacks (torch._dynamo.comptime)", _MIN)
+    at_trace_time(fn)
+
+
 def compiled_graphs() -> int:
     """How many graphs Dynamo has compiled in this process
     (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``); 0 while Dynamo is not
@@ -544,6 +562,7 @@ __all__ = [
     "add_batch_dim",
     "check",
     "compiled_graphs",
+    "comptime",
     "foreach_add",
     "foreach_add_",
     "foreach_addcdiv_",
@@ -578,6 +597,7 @@ __all__ = [
     "maybe_get_bdim",
     "maybe_get_level",
     "missing",
+    "operator_schemas",
     "pad_sequence_op",
     "pytree",
     "recompute_collectives",

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._compat import reparametrize_module
+from .._compat import comptime, reparametrize_module
 from .._twins import traced_as
 from ._plan import Live, lookup
 from ._state import private_copies, private_copy, swapped
@@ -38,8 +38,6 @@ def _traced_record_unrecorded_writes() -> None:
     # updated with torch._foreach_add_ keeps its version while Dynamo traces): at trace time,
     # bump the example tensors every traced op writes by its schema (comptime runs the
     # function on Dynamo's graph while tracing; nothing of it is in the compiled program)
-    from torch._dynamo.comptime import comptime
-
     comptime(lambda ctx: bump_written(ctx.graph()))
 
 

@@ -35,7 +35,7 @@ import torch
 import torch.fx
 from torch import Tensor
 
-from .._compat import get_unwrapped, is_cow
+from .._compat import OpOverload, OpOverloadPacket, get_unwrapped, is_cow, operator_schemas
 from .._compat import is_functorch_wrapped_tensor as _is_wrapped
 
 
@@ -116,15 +116,15 @@ def _written_arguments(target: Any) -> tuple[tuple[int, str], ...]:
     """The (position, name) of each argument an op's schemas mark as written (``Tensor(a!)``),
     for a traced node's target: an ``OpOverload``, a packet, or a ``torch`` builtin."""
     schemas: list[Any]
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         schemas = [target._schema]
-    elif isinstance(target, torch._ops.OpOverloadPacket):
+    elif isinstance(target, OpOverloadPacket):
         schemas = [getattr(target, o)._schema for o in target.overloads()]
     else:
         name = getattr(target, "__name__", None)
         if not isinstance(name, str) or getattr(torch, name, None) is not target:
             return ()
-        schemas = torch._C._jit_get_schemas_for_operator("aten::" + name)
+        schemas = operator_schemas("aten::" + name)
     found: dict[tuple[int, str], None] = {}
     for schema in schemas:
         for i, arg in enumerate(schema.arguments):
