@@ -335,3 +335,23 @@ def test_collate_jagged_with_a_dataloader():
     )
     assert padded[0]["tok"].tolist() == [[30, 31, 32], [10, 0, 0]]
     assert padded[0]["masks", "tok"].sum(1).tolist() == [3, 1]
+
+
+def test_safetensors_round_trip_and_checked_offsets(tmp_path):
+    pytest.importorskip("safetensors")
+    td = make().set("n", TensorDict(q=make()["tok"] * 2, batch_size=[3]))
+    f = tmp_path / "x.safetensors"
+    tdfunc.save_safetensors(td, f)
+    back = tdfunc.load_safetensors(f)
+    assert torch.equal(back["tok"].values(), td["tok"].values())
+    assert torch.equal(back["n", "q"].offsets(), td["tok"].offsets())
+    assert rows(back["n", "q"]) == rows(td["n", "q"])
+    # a reader never builds a jagged tensor from offsets that do not fit its values
+    raw = f.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    start = 8 + n + header["tok.offsets"]["data_offsets"][0]
+    bad = raw[:start] + torch.tensor([0, 4, 2, 9]).numpy().tobytes() + raw[start + 32 :]
+    f.write_bytes(bad)
+    with pytest.raises(tdfunc.SafetensorsFormatError, match="offsets decrease"):
+        tdfunc.load_safetensors(f)

@@ -312,3 +312,20 @@ def test_json_reader_refuses_bad_values():
         NT.from_json({"shape": [-1], "value": None})
     with pytest.raises(ValueError, match="one entry per batch position"):
         NT.from_json({"shape": [3], "value": {"list": ["a"], "tuple": True}})
+
+
+def test_safetensors_round_trip_and_refusal(tmp_path):
+    pytest.importorskip("safetensors")
+    from tdfunc.interop import _errors as IE
+
+    td = make()
+    tdfunc.save_safetensors(td, tmp_path / "x.safetensors")
+    back = tdfunc.load_safetensors(tmp_path / "x.safetensors")
+    assert back["text"] == "hi"
+    assert back["prompt"] == tuple(PROMPTS)
+    bad = td.set("obj", NonTensor({1, 2}))
+    msg = IE.NONTENSOR_NOT_JSON.format(
+        key="'obj'", filename=str(tmp_path / "y.safetensors"), typ="set"
+    )
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        tdfunc.save_safetensors(bad, tmp_path / "y.safetensors")

@@ -199,3 +199,12 @@ CANNOT_READ = "from_tensordict: reading key {key} failed in tensordict: {reason}
 FIELD_MISMATCH = (
     "{what}: {cls} has fields {fields}, but the source has keys {keys}; the field sets must match"
 )
+
+NONTENSOR_NOT_JSON = (
+    "cannot save key {key} to {filename!r}: a non-tensor value of type {typ} is not JSON data "
+    "(str, numbers, bools, None and lists of them; nothing is pickled)"
+)
+JAGGED_RAGGED_DIM = (
+    "cannot save key {key} to {filename!r}: a jagged leaf is saved with its ragged dim at "
+    "dim 1, got {dim}"
+)

@@ -47,8 +47,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import _nontensor as nontensor
 from .._compat import pytree
 from .._keys import fmt_key
+from .._nontensor import NonTensor
+from .._ragged import is_jagged, jagged_problem
 from .._tensorclass import restore
 from .._tree import KeyPath, Node, is_node
 from ..memmap._tensor import (
@@ -190,6 +193,25 @@ class _Plan:
                 entry["tie"] = first
         return entry
 
+    def jagged(self, path: KeyPath, v: Any) -> dict[str, Any]:
+        """A jagged leaf: its values, offsets and lengths (when present) as tensors named by
+        the key path and ``values`` / ``offsets`` / ``lengths``."""
+        if v._ragged_idx != 1:
+            raise TypeError(
+                E.JAGGED_RAGGED_DIM.format(
+                    key=fmt_key(path), filename=self.filename, dim=v._ragged_idx
+                )
+            )
+        lengths = v.lengths()
+        parts = {"values": v.values(), "offsets": v.offsets(), "lengths": lengths}
+        entries: dict[str, Any] = {}
+        for part, t in parts.items():
+            entry = None if t is None else self.leaf((*path, part), t)
+            if entry is not None:
+                entry.pop("tie", None)  # loaded as copies: two leaves may share offsets
+            entries[part] = entry
+        return {"jagged": entries}
+
     def node(self, node: Node, prefix: KeyPath) -> dict[str, Any]:
         children: list[list[Any]] = []
         for k, v in zip(node._tdf_keys(), node._tdf_children()):
@@ -197,10 +219,21 @@ class _Plan:
             _check_text(k, "key", self.filename)
             if v is None:
                 children.append([k, {"none": True}])
+            elif isinstance(v, Tensor) and is_jagged(v):
+                children.append([k, self.jagged(path, v)])
             elif isinstance(v, Tensor):
                 children.append([k, self.leaf(path, v)])
             elif is_node(v):
                 children.append([k, self.node(v, path)])
+            elif isinstance(v, NonTensor):
+                if not nontensor.is_json_value(v.value):
+                    bad = nontensor.first_non_json(v.value)
+                    raise TypeError(
+                        E.NONTENSOR_NOT_JSON.format(
+                            key=fmt_key(path), filename=self.filename, typ=type(bad).__name__
+                        )
+                    )
+                children.append([k, {"nontensor": nontensor.to_json(v)}])
             else:
                 raise TypeError(
                     E.NOT_SAVABLE_CHILD.format(
@@ -734,9 +767,36 @@ class _Builder:
     def child(self, c: Any, path: KeyPath) -> Any:
         if isinstance(c, dict) and "leaf" in c:
             return self.leaf(c, path)
+        if isinstance(c, dict) and "jagged" in c:
+            return self.jagged(c["jagged"], path)
+        if isinstance(c, dict) and "nontensor" in c:
+            try:  # checked JSON: nothing is unpickled or imported
+                return nontensor.from_json(c["nontensor"])
+            except ValueError as e:
+                raise self.bad(f"key {fmt_key(path)}: {e}") from None
         if isinstance(c, dict) and c.get("none") is True:
             return None
         return self.node(c, path)
+
+    def jagged(self, c: Any, path: KeyPath) -> Tensor:
+        """A jagged leaf from its three entries, its offsets checked before torch builds it
+        (the batch against them is checked by the container's constructor); in memory, a
+        copy: a jagged tensor keeps its values as a plain tensor."""
+        if not (isinstance(c, dict) and {"values", "offsets"} <= set(c) and set(c) <= _JAGGED):
+            raise self.bad(f"key {fmt_key(path)}: a bad jagged entry {c!r}"[:200])
+        values = self.leaf(c["values"], (*path, "values"))
+        offsets = self.leaf(c["offsets"], (*path, "offsets"))
+        raw = c.get("lengths")
+        lengths = None if raw is None else self.leaf(raw, (*path, "lengths"))
+        rows = [max(offsets.numel() - 1, 0)] if offsets.ndim == 1 else [-1]
+        problem = jagged_problem(values, offsets, lengths, rows)
+        if problem is not None:
+            raise self.bad(f"jagged leaf {fmt_key(path)}: {problem}")
+        return torch.nested.nested_tensor_from_jagged(
+            values.as_subclass(Tensor).clone(),
+            offsets.as_subclass(Tensor).clone(),
+            None if lengths is None else lengths.as_subclass(Tensor).clone(),
+        )
 
     def leaf(self, c: dict[str, Any], path: KeyPath) -> Tensor:
         """The tensor of one leaf entry, checked against the tensor table: its name is the key
@@ -772,6 +832,10 @@ class _Builder:
             t = first
         self.used[name] = (path, t)
         return t
+
+
+#: the entries of a jagged leaf in the structure
+_JAGGED = frozenset({"values", "offsets", "lengths"})
 
 
 def _differs(a: Tensor, b: Tensor) -> str:
