@@ -204,11 +204,10 @@ class Container(Node):
 
     # ---------------------------------------------------------------- immutability
     def __setattr__(self, name: str, value: Any) -> None:
+        hint = _inplace.SETATTR.get(name, f"td.replace({name}=...) or td.set({name!r}, ...)")
         raise TypeError(
             E.MUTATION.format(
-                cls=type(self).__name__,
-                what=f"setting attribute {name!r}",
-                hint=f"td.replace({name}=...) or td.set({name!r}, ...)",
+                cls=type(self).__name__, what=f"setting attribute {name!r}", hint=hint
             )
         )
 

@@ -67,6 +67,15 @@ SPECIAL: dict[str, str] = {
 }
 
 
+#: tensordict's settable attributes (``td.batch_size = ...``) -> the pure spelling
+SETATTR: dict[str, str] = {
+    "batch_size": "td = tdfunc.TensorDict(dict(td.items()), new_batch_size) (a tensorclass: "
+    "tc = tc.apply(lambda x: x, batch_size=new_batch_size))",
+    "device": "td = td.to(device)",
+    "names": "none: dim names are not supported (keep the names next to the container)",
+}
+
+
 #: methods whose tensordict signature takes ``inplace=True`` -> the pure spelling of that call
 INPLACE_OPTIONS: dict[str, str] = {
     "split_keys": "*parts, td = td.split_keys(keys, ...) (the last part is td without the keys)",

@@ -429,3 +429,20 @@ def test_tensordict_constructor_options_are_not_keys() -> None:
         "names",
         "lock",
     ]
+
+
+def test_setting_batch_size_or_device_names_the_pure_spelling() -> None:
+    td = tdfunc.TensorDict({"a": torch.zeros(3, 4), "n": {"b": torch.zeros(3, 4, 2)}}, [3, 4])
+    with pytest.raises(TypeError, match=re.escape("td = tdfunc.TensorDict(dict(td.items()), ")):
+        td.batch_size = [3]
+    with pytest.raises(TypeError, match=re.escape("td = td.to(device)")):
+        td.device = "cpu"
+    with pytest.raises(TypeError, match="dim names are not supported"):
+        td.names = ["x", None]
+    assert td.batch_size == torch.Size([3, 4])
+    ref = tdfunc.to_tensordict(td)
+    ref.batch_size = [3]
+    new = tdfunc.TensorDict(dict(td.items()), [3])  # the spelling the error names
+    assert new.batch_size == ref.batch_size
+    assert new["n"].batch_size == ref["n"].batch_size  # a nested container keeps its own
+    tdfunc.testing.assert_close(new, tdfunc.from_tensordict(ref, copy=True))

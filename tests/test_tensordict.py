@@ -291,7 +291,7 @@ def test_flatten_unflatten_keys_and_to_dict():
         (lambda td: td.__setitem__(0, 1), "at[index].set"),
         (lambda td: td.__setitem__(slice(None), 1), "at[index].set"),
         (lambda td: td.__delitem__("a"), "exclude"),
-        (lambda td: setattr(td, "batch_size", [2]), "replace"),
+        (lambda td: setattr(td, "batch_size", [2]), "tdfunc.TensorDict(dict(td.items()), "),
         (lambda td: setattr(td, "foo", 1), "replace"),
         (lambda td: delattr(td, "_data"), "exclude"),
     ],
