@@ -43,6 +43,10 @@ NONTENSOR_OP = (
     "key {key}: {op} cannot change the batch of a per-sample non-tensor value "
     "(batch {got} -> {batch_size}); exclude the key first"
 )
+NONTENSOR_ALONG_BATCH = (
+    "key {key}: {op} along a batch dim cannot move a per-sample non-tensor value with the "
+    "tensors; exclude the key first"
+)
 NONTENSOR_IMMUTABLE = "NonTensor is immutable: build a new one"
 
 

@@ -105,6 +105,12 @@ def test_bad_per_sample_values_name_the_key():
     msg = NT.NONTENSOR_OP.format(key="'prompt'", op="this operation", got=(4,), batch_size=())
     with pytest.raises(TypeError, match=re.escape(msg)):
         make().sum(0)
+    # an op along the batch by the tensors' values: the values could not follow
+    for op, call in [("flip", lambda t: t.flip(0)), ("roll", lambda t: torch.roll(t, 1, 0))]:
+        msg = NT.NONTENSOR_ALONG_BATCH.format(key="'prompt'", op=op)
+        with pytest.raises(TypeError, match=re.escape(msg)):
+            call(make())
+    assert make().exclude("prompt").flip(0)["r"].tolist() == [3.0, 2.0, 1.0, 0.0]
 
 
 # ------------------------------------------------------------------ against tensordict
@@ -253,6 +259,31 @@ def test_vmap_and_grad_pass_non_tensor_leaves_through():
 def _compiled(fn):
     cc = CompileCounterWithBackend("eager")
     return torch.compile(fn, backend=cc, fullgraph=True), cc
+
+
+MASK = torch.tensor([True, False, True, False])
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: torch.where(MASK, t, 0.0),
+        lambda t: t.apply(lambda x: x * 2),
+        lambda t: t.clone().to(torch.float64),
+        lambda t: torch.vmap(lambda x: x.exp())(t),
+        lambda t: t.set("s", t["r"] + 1),
+    ],
+    ids=["where", "apply", "clone_to", "vmap", "set"],
+)
+def test_compiled_ops_keep_one_graph_for_new_values(fn):
+    torch._dynamo.reset()
+    f, cc = _compiled(fn)
+    for i in range(3):
+        prompts = [f"q{i}{j}" for j in range(4)]
+        out = f(make(prompts, text=f"t{i}"))
+        assert out["prompt"] == tuple(prompts)
+        assert out["text"] == f"t{i}"
+    assert cc.frame_count == 1
 
 
 def test_compiled_function_that_does_not_read_them_does_not_recompile():

@@ -43,13 +43,13 @@ from torch import Tensor
 from .. import _errors as E
 from .._compat import pad_sequence_op
 from .._ragged import refuse as refuse_jagged
-from .._tree import is_node, leaves, map_leaves
+from .._tree import is_node, leaves, leaves_and_nontensors, map_leaves
 from ._indexing import index
 from ._math import elementwise
 from ._pointwise import align_to_batch
 from ._pointwise import rule_for as _pointwise_rule
 from ._shape import _map_shape, expand, squeeze, unsqueeze
-from ._structure import check_batch_invariant, check_same_structure, norm_dim
+from ._structure import check_batch_invariant, check_same_structure, norm_dim, refuse_per_sample
 
 # --------------------------------------------------------------------------------------
 # schemas: what each argument of a torch function is
@@ -379,9 +379,11 @@ def _lift(
                     )
                 )
             slots.append((i, n, v, True))
-    ls = leaves(node)
+    ls, nts = leaves_and_nontensors(node)
     if any_dim and not whole:  # torch defines no op on the batch dim alone of a jagged leaf
         refuse_jagged(node, name, "", ls)
+        if nts:  # nor can a per-sample value follow an op by the leaves' values
+            refuse_per_sample(node, nts, name)
     if not ls:  # no leaves: the batch size from a meta tensor of the batch shape
         ls = [torch.empty(bs, device="meta")]
         slots = [(i, n, v.to("meta"), al) for i, n, v, al in slots if not isinstance(v, list)]

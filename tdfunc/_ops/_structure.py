@@ -18,6 +18,7 @@ from torch import Tensor
 from .. import _errors as E
 from .._compat import check
 from .._keys import KeyPath, fmt_key
+from .._nontensor import NONTENSOR_ALONG_BATCH, NonTensor
 from .._tree import Node, leaves_with_paths, same_structure
 
 
@@ -241,3 +242,30 @@ def _check_node(
                 )
         elif isinstance(v, Node):
             _check_node(v, it, batch_size + v._batch_size[old_bd:], path, what)
+
+
+def _per_sample_path(node: Any, prefix: KeyPath) -> tuple[KeyPath, Any] | None:
+    for k, v in zip(node._tdf_keys(), node._tdf_children()):
+        if isinstance(v, NonTensor) and v.shape is not None:
+            return (*prefix, k), v
+        if isinstance(v, Node):
+            found = _per_sample_path(v, (*prefix, k))
+            if found is not None:
+                return found
+    return None
+
+
+def refuse_per_sample(node: Any, nts: Sequence[tuple[torch.Size, NonTensor]], op: str) -> None:
+    """``TypeError`` naming the key when ``node`` holds a per-sample non-tensor value (``nts``:
+    its non-tensor leaves, as ``leaves_and_nontensors`` gives them) and ``op`` works along a
+    batch dim by the leaves' values (a scan, ``sort``, ``flip``...): the values cannot follow.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> refuse_per_sample(tdfunc.TensorDict(a=torch.zeros(2), t="x", batch_size=[2]), [], "flip")
+    """
+    if not any(nt.shape is not None for _, nt in nts):
+        return
+    found = _per_sample_path(node, ())
+    assert found is not None
+    raise TypeError(NONTENSOR_ALONG_BATCH.format(key=fmt_key(found[0]), op=op))
