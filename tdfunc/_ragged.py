@@ -264,6 +264,18 @@ def jagged_problem(
     return None
 
 
+def jagged_parts(x: Any) -> list[Tensor]:
+    """The tensors a jagged tensor is made of: values, offsets and (when present) lengths."""
+    lengths = x.lengths()
+    return [x.values(), x.offsets()] + ([] if lengths is None else [lengths])
+
+
+def from_jagged_parts(parts: Sequence[Tensor]) -> Tensor:
+    """The jagged tensor of :func:`jagged_parts`' tensors."""
+    lengths = parts[2] if len(parts) > 2 else None
+    return torch.nested.nested_tensor_from_jagged(parts[0], parts[1], lengths)
+
+
 def split(x: Any, sizes: Sequence[int], node: Any = None, i: int = 0) -> list[Tensor]:
     """A jagged tensor split along the batch dim into pieces of ``sizes`` rows (``node`` and
     ``i`` name the key in an error)."""

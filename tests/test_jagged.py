@@ -237,6 +237,13 @@ def test_reader_checks_offsets_match_the_batch(tmp_path):
         tdfunc.load(p)
 
 
+def test_memmap_like_refuses_jagged_leaves(tmp_path):
+    msg = ME.JAGGED_LIKE.format(key="'tok'")
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        tdfunc.memmap_like(make(), tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+
+
 def test_save_refuses_a_ragged_dim_after_dim_1(tmp_path):
     x = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(2, 5)], layout=torch.jagged)
     msg = ME.JAGGED_RAGGED_DIM.format(key="'x'", dim=2)
@@ -355,3 +362,13 @@ def test_safetensors_round_trip_and_checked_offsets(tmp_path):
     f.write_bytes(bad)
     with pytest.raises(tdfunc.SafetensorsFormatError, match="offsets decrease"):
         tdfunc.load_safetensors(f)
+
+
+def test_consolidate_keeps_jagged_leaves_in_the_one_buffer():
+    td = make().set("n", TensorDict(q=njt(), batch_size=[3]))
+    out = td.consolidate()
+    assert out["tok"].is_nested
+    assert rows(out["tok"]) == rows(td["tok"])
+    assert rows(out["n", "q"]) == rows(td["n", "q"])
+    ptr = out["r"].untyped_storage().data_ptr()
+    assert out["tok"].values().untyped_storage().data_ptr() == ptr

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._ragged import from_jagged_parts, jagged_parts
 from .._tree import leaves, leaves_with_paths, map_leaves
 from ._structure import check_batch_invariant, check_same_structure
 
@@ -178,10 +179,13 @@ def consolidate(node: Any) -> Any:
     ls = leaves(node)
     if not ls:
         return node
+    # a jagged leaf goes in as its parts (values, offsets, lengths) and is rebuilt around them
+    pieces = [jagged_parts(x) if x.is_nested else [x] for x in ls]
+    flat = [p for ps in pieces for p in ps]
     parts: list[Tensor] = []
     offsets: list[int] = []
     off = 0
-    for x in ls:
+    for x in flat:
         b = x.contiguous().reshape(-1).view(torch.uint8)
         n = x.numel() * x.element_size()
         offsets.append(off)
@@ -191,8 +195,14 @@ def consolidate(node: Any) -> Any:
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=x.device))
         off += n + pad
     buf = torch.cat(parts)
-    out = []
-    for x, o in zip(ls, offsets):
-        n = x.numel() * x.element_size()
-        out.append(buf[o : o + n].view(x.dtype).view(x.shape))
+    views = iter(
+        [
+            buf[o : o + x.numel() * x.element_size()].view(x.dtype).view(x.shape)
+            for x, o in zip(flat, offsets)
+        ]
+    )
+    out = [
+        from_jagged_parts([next(views) for _ in ps]) if x.is_nested else next(views)
+        for x, ps in zip(ls, pieces)
+    ]
     return map_leaves(node, out)

@@ -133,3 +133,8 @@ JAGGED_RAGGED_DIM = (
     "key {key}: a jagged leaf is saved with its ragged dim right after the batch dim (dim 1), "
     "got ragged dim {dim}; transpose it first"
 )
+JAGGED_LIKE = (
+    "key {key}: memmap_like cannot preallocate a jagged leaf (its row lengths are data, not "
+    "structure, and a loaded jagged leaf is a copy that writes would not reach); save the "
+    "container with tdfunc.save, or exclude the key"
+)

@@ -75,7 +75,7 @@ from .._nontensor import NonTensor
 from .._ragged import is_jagged, jagged_problem
 from .._shapes import SHAPE_UNSAVED, shape_problem
 from .._tensorclass import is_tensorclass, restore
-from .._tree import KeyPath, Node, is_node
+from .._tree import KeyPath, Node, is_node, leaves_with_paths
 from . import _errors as E
 from ._tensor import (
     _O_CLOEXEC,
@@ -552,6 +552,10 @@ def memmap_like(
         >>> buf["obs"].mode, buf["obs"][0].sum().item()
         ('r+', 8.0)
     """
+    if is_node(td):
+        for key, leaf in leaves_with_paths(td):
+            if is_jagged(leaf):
+                raise TypeError(E.JAGGED_LIKE.format(key=fmt_key(key)))
     if path is None:
         folder = tempfile.mkdtemp(prefix="tdfunc-memmap-like-")
         try:
