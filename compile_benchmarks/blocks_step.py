@@ -23,7 +23,9 @@ order alternating, the A/A control) and each part against its torch twin:
   call on the same lists (a loop that feeds its buffers back).
 
 Each part's overhead is ``(tdfunc µs - twin µs) / parameters``; ``the rest`` is the step's
-overhead over regional less the parts'. :func:`measure` returns the rows;
+overhead over regional less the parts'. Also the whole step eagerly (``eager step``: the
+same step over the model with no block compiled, against ``torch.func.functional_call`` +
+``torch.autograd.grad`` + the bare fused kernel). :func:`measure` returns the rows;
 ``test_bench_compile_regions.py`` records them as benchmark rows.
 
 Example:
@@ -48,6 +50,9 @@ from tdfunc import optim
 
 #: the parts measured against their torch twin (see the module docstring)
 PARTS = ("value_and_grad", "functional_call", "optim.step")
+#: the whole step eagerly (no block compiled) against the same with torch.func and the fused
+#: kernel (not a part of the compiled step: left out of *the rest*)
+EAGER = "eager step"
 LR = 1e-3
 
 
@@ -89,6 +94,7 @@ class _Bench:
                 return list(m.children())
 
         ref = copy.deepcopy(model)
+        self.plain = copy.deepcopy(model)  # nothing compiled: the eager step
         # tdfunc: the block class's forward compiled (a subclass, so that the regional copy
         # keeps the plain class)
         cls = type(blocks_of(model)[0])
@@ -190,10 +196,39 @@ class _Bench:
                 weight_decay=1e-2, eps=1e-8, amsgrad=False, maximize=False,
             )  # fmt: skip
 
+        # the eager step: value_and_grad over functional_call of the plain model + the
+        # donated optim.step, against torch.func.functional_call + autograd.grad + the kernel
+        plain = self.plain
+
+        def plain_loss(q: Any, x: Tensor, y: Tensor) -> Tensor:
+            return self.loss_of(self.out_of(tdfunc.functional_call(plain, q, (x,))), y)
+
+        vg_plain = tdfunc.value_and_grad(plain_loss)
+        est = [p.clone(), opt.init(p)]
+
+        def td_eager() -> None:
+            _, g = vg_plain(est[0], x, y)
+            est[0], est[1] = optim.step(opt, g, est[1], est[0], donate=True)
+
+        eps = [t.clone() for t in leaves]
+        e1, e2 = [torch.zeros_like(t) for t in eps], [torch.zeros_like(t) for t in eps]
+        ecount = [torch.zeros((), dtype=torch.float64)]
+
+        def tf_eager() -> None:
+            inputs = [t.detach().requires_grad_() for t in eps]
+            out = torch.func.functional_call(plain, dict(zip(names, inputs)), (x,))
+            grads = list(torch.autograd.grad(self.loss_of(self.out_of(out), y), inputs))
+            ecount[0] = ecount[0] + 1
+            torch._fused_adamw_(
+                eps, grads, e1, e2, [], [ecount[0]] * len(eps), lr=LR, beta1=0.9, beta2=0.999,
+                weight_decay=1e-2, eps=1e-8, amsgrad=False, maximize=False,
+            )  # fmt: skip
+
         return {
             "value_and_grad": (lambda: vg(p, x, y), tf_vg),
             "functional_call": (td_fc, tf_fc),
             "optim.step": (td_opt, tf_opt),
+            EAGER: (td_eager, tf_eager),
         }
 
 
@@ -211,7 +246,7 @@ def measure(which: str, rounds: int = 15, calls: int = 20) -> dict[str, Any]:
         r = paired(a, b, rounds, calls)
         r["us_per_param"] = (r["a_us"] - r["b_us"]) / bench.n
         out[name] = r
-        if name != "functional_call":  # inside value_and_grad's
+        if name in ("value_and_grad", "optim.step"):  # functional_call: inside the first
             parts_over += r["a_us"] - r["b_us"]
     out["step_us_per_param"] = (row["a_us"] - row["b_us"]) / bench.n
     out["rest_us_per_param"] = out["step_us_per_param"] - parts_over / bench.n
@@ -236,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{r['step_us_per_param']:.2f} |"
         )
         print(f"| | A/A | | | {aa['ratio']:.3f} [{aa['ratio_min']:.2f}-{aa['ratio_max']:.2f}] | |")
-        for name in PARTS:
+        for name in (*PARTS, EAGER):
             p = r[name]
             print(
                 f"| | {name} | {p['a_us']:,.0f} | {p['b_us']:,.0f} | {p['ratio']:.3f} "

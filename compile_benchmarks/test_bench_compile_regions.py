@@ -13,7 +13,8 @@ steps after the first), ``graphs`` (Dynamo graphs compiled), and the target rati
 ``test_by_blocks_step_paired``: the steady step of the by-blocks route against torch's
 regional recipe in one process, in paired rounds with the A/A control, and where its time
 goes: each part (``value_and_grad``, ``functional_call``, ``optim.step``) against its torch
-twin, in µs per parameter (``compile_benchmarks/blocks_step.py``)."""
+twin, in µs per parameter (``compile_benchmarks/blocks_step.py``); and the same step eagerly
+(no block compiled) against ``torch.func`` + the bare fused kernel (target <= 1.05)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def test_by_blocks_step_paired(benchmark: Any, blocks: str) -> None:
     in µs per parameter (``compile_benchmarks/blocks_step.py``). Target: <= 1.05x."""
     if blocks == "gpt2":
         pytest.importorskip("transformers")
-    from compile_benchmarks.blocks_step import PARTS, measure
+    from compile_benchmarks.blocks_step import EAGER, PARTS, measure
 
     r = measure(blocks, rounds=15, calls=20 if blocks != "24" else 8)
     step, aa = r["step"], r["aa"]
@@ -125,13 +126,14 @@ def test_by_blocks_step_paired(benchmark: Any, blocks: str) -> None:
             **{p: r[p]["us_per_param"] for p in PARTS},
             "rest": r["rest_us_per_param"],
         },
-        "parts": {p: {k: r[p][k] for k in ("ratio", "a_us", "b_us")} for p in PARTS},
+        "parts": {p: {k: r[p][k] for k in ("ratio", "a_us", "b_us")} for p in (*PARTS, EAGER)},
     }
     benchmark.extra_info.update(info)
     print(
         f"\nby-blocks step, model {blocks}: {step['ratio']:.3f} regional "
         f"[{step['ratio_min']:.2f}-{step['ratio_max']:.2f}], A/A {aa['ratio']:.3f}; "
         + ", ".join(f"{p} {r[p]['us_per_param']:.2f}" for p in PARTS)
-        + f", rest {r['rest_us_per_param']:.2f} µs/param over the twins"
+        + f", rest {r['rest_us_per_param']:.2f} µs/param over the twins; eager step "
+        + f"{r[EAGER]['ratio']:.3f} torch.func + fused kernel (target <= 1.05)"
     )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)

@@ -31,6 +31,8 @@ Fused = Callable[[Any, Any, Any, bool], "tuple[Any, Any] | None"]
 
 _WHAT = "optim.step"
 _NAMES = ("grads", "state", "params")
+#: what a use of a donated state or params container says (formatted once, not per step)
+_CONSUMED = {arg: E.DONATED_TO_STEP.format(arg=arg) for arg in ("state", "params")}
 
 
 def fused_of(opt: GradientTransformation) -> Fused | None:
@@ -101,8 +103,8 @@ def step(
     if out is None:
         out = _full_step(opt, fused, grads, state, params, donate)
     if donate:
-        _donate.consume(state, E.DONATED_TO_STEP.format(arg="state"))
-        _donate.consume(params, E.DONATED_TO_STEP.format(arg="params"))
+        _donate.consume(state, _CONSUMED["state"])
+        _donate.consume(params, _CONSUMED["params"])
     return out
 
 
