@@ -360,3 +360,22 @@ def test_safetensors_round_trip_and_refusal(tmp_path):
     )
     with pytest.raises(TypeError, match=re.escape(msg)):
         tdfunc.save_safetensors(bad, tmp_path / "y.safetensors")
+
+
+def test_exported_program_keeps_them_through_save_and_load(tmp_path):
+    class M(torch.nn.Module):
+        def forward(self, td):
+            return td * 2
+
+    td = make()
+    ep = torch.export.export(M(), (td,))
+    torch.export.save(ep, tmp_path / "m.pt2")
+    loaded = torch.export.load(tmp_path / "m.pt2").module()
+    out = loaded(td)
+    assert out["prompt"] == tuple(PROMPTS)
+    assert out["text"] == "hi"
+    assert torch.equal(out["r"], td["r"] * 2)
+    # the values are part of the exported input spec (constants of the program): other
+    # values are refused by torch, never silently replaced by the traced ones
+    with pytest.raises(ValueError, match="tree spec"):
+        loaded(make(["w", "x", "y", "z"], "new"))
