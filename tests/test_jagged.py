@@ -372,3 +372,13 @@ def test_consolidate_keeps_jagged_leaves_in_the_one_buffer():
     assert rows(out["n", "q"]) == rows(td["n", "q"])
     ptr = out["r"].untyped_storage().data_ptr()
     assert out["tok"].values().untyped_storage().data_ptr() == ptr
+
+
+def test_compiled_to_padded_recompiles_no_more_than_torch():
+    bare = _frames(lambda x: x.to_padded_tensor(0.0), [njt(lens, 2) for lens in LENGTHS])
+    ours = _frames(lambda t: tdfunc.to_padded(t, 0.0), [make(lens) for lens in LENGTHS])
+    assert ours == bare
+    out = torch.compile(lambda t: tdfunc.to_padded(t, 0.0), backend="eager", fullgraph=True)(
+        make(LENGTHS[-1])
+    )
+    assert out["masks", "tok"].sum(1).tolist() == list(LENGTHS[-1])
