@@ -216,7 +216,7 @@ def test_other_operands_keep_their_own_handlers(store):
         torch.testing.assert_close(
             r.as_subclass(torch.Tensor), torch.arange(12.0).reshape(6, 2) + 1
         )
-    td = TensorDict(x=torch.ones(6, 2), batch_size=[6])
+    td = TensorDict(x=torch.ones(6, 2), batch_size=[6, 2])  # x is shaped like the batch
     r = x + td
     assert isinstance(r, TensorDict)
     torch.testing.assert_close(r["x"], torch.arange(12.0).reshape(6, 2) + 1)
