@@ -119,6 +119,30 @@ def test_stacked_state_outside_vmap_names_what_it_found() -> None:
     assert functional_call(nets[0], grown, (torch.ones(2, 3),)).shape == (2, 5)
 
 
+def test_state_with_its_own_shapes_takes_the_kept_plan() -> None:
+    """The slot plan kept between calls takes a state whose shapes are its own (the observer's
+    grown statistics) once the full path accepted them; a stacked state of the same structure
+    still goes to the full path, which refuses it."""
+    from tdfunc.nn import _plan
+
+    module = per_channel_observer()
+    x = torch.randn(4, 8)
+    fresh = from_module(module).detach().clone()
+    _, state = functional_call(module, fresh, (x,), return_state=True)
+    _, state = functional_call(module, state, (x,), return_state=True)  # plans these shapes
+    assert state["min_val"].shape == (4,)
+    assert module.min_val.shape == (0,)
+    live, _ = _plan.lookup(module, state, False, True)
+    assert live is not None
+    assert live.tensors[list(state.keys()).index("min_val")] is state["min_val"]
+    _, again = functional_call(module, state, (x,), return_state=True)
+    torch.testing.assert_close(again["min_val"], state["min_val"])
+    stacked = fresh.apply(lambda t: torch.stack([t, t]), batch_size=[2])
+    assert _plan.lookup(module, stacked, False, True)[0] is None
+    with pytest.raises(ValueError, match="stacked over 2 modules"):
+        functional_call(module, stacked, (x,))
+
+
 # ----------------------------------------------------------------------------- unwritten state
 class SliceOut(nn.Module):
     """Returns a view of its buffer (``through_view=True``: computes from one)."""

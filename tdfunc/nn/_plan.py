@@ -17,9 +17,13 @@ for (:meth:`Plan.live`):
   ``Parameter`` object or ``None``), a submodule added, removed or replaced, weights tied or
   untied (a slot then holds another object), a parameter turned into a plain attribute (its
   name leaves ``_parameters``);
-* every given tensor has the shape of the module tensor it replaces, and the tensor given for
-  a second name of a tied tensor is the one given for its first name (both depend on the
-  values, not the structure, so they are checked as the full path checks them).
+* every given tensor has the shape of the module tensor it replaces or the shape the tensor
+  under its key had when the plan was made (a state whose shapes are its own, as observers'
+  grown statistics: the full path accepted those shapes, and a state made of the module's
+  shapes and those cannot be stacked over modules, which is all the full path refuses), and
+  the tensor given for a second name of a tied tensor is the one given for its first name
+  (both depend on the values, not the structure, so they are checked as the full path checks
+  them).
 
 When any check fails, the call takes the full path (which raises the right error, if there is
 one) and its plan replaces the old one. The copies, the write marks, the created-state check
@@ -194,6 +198,7 @@ class Plan:
         "names",
         "norms",
         "observers",
+        "shapes",
         "sizes",
         "slots",
         "swap_names",
@@ -204,7 +209,13 @@ class Plan:
         "where",
     )
 
-    def __init__(self, prepared: Prepared, leaf_names: list[str], alias: dict[str, str]) -> None:
+    def __init__(
+        self,
+        prepared: Prepared,
+        leaf_names: list[str],
+        alias: dict[str, str],
+        shapes: list[Any] | None = None,
+    ) -> None:
         snapshot = prepared.snapshot
         index = {id(m): i for i, (_, m, _, _, _) in enumerate(snapshot.modules)}
 
@@ -256,6 +267,8 @@ class Plan:
         self.untied = None if prepared.tied else prepared.where
         self.swap_src = prepared.swap_src
         self.alias = alias
+        #: the shape of each leaf of the state the plan was made with (accepted by the full path)
+        self.shapes: list[Any] = [None] * len(leaf_names) if shapes is None else shapes
         position = {n: i for i, n in enumerate(prepared.names)}
         #: per leaf of the state: the slot of the given name it is (or of the first name of
         #: the tied tensor it is a second name of), the index of that name, and whether it is
@@ -309,17 +322,17 @@ class Plan:
             mods.append(m)
             dicts += (p, b)
         if self.direct:  # leaf j is the tensor of name j: the state's leaves, in order
-            for v, (i, buffer, attr) in zip(leaves, self.slots):
-                if v.shape != dicts[2 * i + buffer][attr].shape:
+            for v, (i, buffer, attr), shape in zip(leaves, self.slots, self.shapes):
+                if v.shape != shape and v.shape != dicts[2 * i + buffer][attr].shape:
                     return None
             tensors: list[Tensor | None] = leaves  # type: ignore[assignment]
         else:
             tensors = [None] * len(self.names)
-            for v, of in zip(leaves, self.leaf_of):
+            for v, of, shape in zip(leaves, self.leaf_of, self.shapes):
                 if of is None:
                     continue
                 i, buffer, attr, k, second = of
-                if v.shape != dicts[2 * i + buffer][attr].shape:
+                if v.shape != shape and v.shape != dicts[2 * i + buffer][attr].shape:
                     return None
                 if second:
                     first = tensors[k]
@@ -388,7 +401,8 @@ def remember(
     if key is None:
         return
     names: list[str] = []
-    structure(state, [], names)
+    leaves: list[Tensor] = []
+    structure(state, leaves, names)
     if len(set(names)) != len(names):
         return  # a name given twice (the full path keeps the last one): not planned
     plans = _PLANS.get(module)
@@ -396,7 +410,7 @@ def remember(
         plans = _PLANS[module] = {}
     elif len(plans) >= _MAX_PLANS:
         plans.clear()
-    plans[key] = Plan(prepared, names, alias)
+    plans[key] = Plan(prepared, names, alias, [t.shape for t in leaves])
 
 
 __all__ = ["Live", "Plan", "lookup", "remember", "structure"]
