@@ -1209,11 +1209,13 @@ class Gen:
 
 
 def _tensor_arg(g: Gen) -> str:
+    # a plain tensor is shaped like the batch: (1,) fits a batch of one dim or more
+    shaped = ["torch.full((1,), 3)"] if g.bd >= 1 else []
     return g.pick(
         [
             "torch.full((), 2)",
             "torch.full((), 1.5)",
-            "torch.full((1,), 3)",
+            *shaped,
             "torch.tensor(True)",
             "torch.full((), -1.0, dtype=torch.float64)",
         ]
