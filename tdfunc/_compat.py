@@ -58,6 +58,7 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 |                                | tion_of_collectives, activation_memory_budget)         |      |      |      |                    |
 | compiled_graphs (lazy)         | torch._dynamo.utils.counters["stats"]["unique_graphs"] | ok   | -    | ok   | none yet           |
 | trace_autograd (lazy)          | torch._dynamo.config.trace_autograd_ops (set, restored)| ok   | -    | ok   | none yet           |
+| autograd_traced (lazy)         | torch._dynamo.config.trace_autograd_ops (read)         | ok   | -    | ok   | none yet           |
 
 (1) torch >= 2.14 raises ``RuntimeError`` for Python tensor subclasses (``FakeTensor``); the
     shim answers ``False`` for any tensor with Python dispatch, as torch's own guards do.
@@ -501,6 +502,14 @@ def trace_autograd() -> _TraceAutograd:
             )
         _DYNAMO_CONFIG.append(config)
     return _TraceAutograd(_DYNAMO_CONFIG[0])
+
+
+def autograd_traced() -> bool:
+    """Whether Dynamo traces ``torch.autograd.grad`` now
+    (``torch._dynamo.config.trace_autograd_ops``: set inside :func:`trace_autograd`); read
+    while tracing, when ``torch._dynamo`` is loaded."""
+    config = _module("torch._dynamo.config")
+    return bool(getattr(config, "trace_autograd_ops", False))
 
 
 def recompute_collectives() -> Any:

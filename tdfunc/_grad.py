@@ -25,7 +25,7 @@ from torch import Tensor
 
 from . import _errors as E
 from . import _tree
-from ._compat import pytree
+from ._compat import autograd_traced, pytree
 from ._tree import is_node
 from ._twins import constant_when_traced, traced_as
 
@@ -245,9 +245,7 @@ def _via_func(
 def _autograd_traced() -> bool:
     """Whether Dynamo traces ``torch.autograd.grad`` now (inside :func:`tdfunc.compile`);
     read once per trace and kept as a constant."""
-    import torch._dynamo.config as config
-
-    return bool(getattr(config, "trace_autograd_ops", False))
+    return autograd_traced()
 
 
 @traced_as(_call)
