@@ -331,6 +331,34 @@ def test_single_process_round_trip_and_overwrite(tmp_path: Path) -> None:
     job.result()
 
 
+def test_non_tensor_leaves_round_trip(tmp_path: Path) -> None:
+    """A shared value and one value per sample are kept (in the manifest's structure, as
+    JSON), nested and in a tensorclass field's container too."""
+    td = tdfunc.TensorDict(
+        {"a": torch.rand(3, 2), "text": "hi", "p": ["x", "y", "z"], "n": {"q": [1.5, None, 3]}},
+        batch_size=[3],
+    )
+    tdd.save_checkpoint(tmp_path / "ck", td)
+    got = tdd.load_checkpoint(tmp_path / "ck")
+    assert got["text"] == "hi"
+    assert list(got["p"]) == ["x", "y", "z"]
+    assert got["n", "q"] == td["n", "q"]
+    assert got.batch_size == (3,)
+    torch.testing.assert_close(got["a"], td["a"], rtol=0, atol=0)
+    assert (got[1]["p"], got[1]["text"]) == ("y", "hi")
+    got_like = tdd.load_checkpoint(tmp_path / "ck", td)
+    assert list(got_like["p"]) == ["x", "y", "z"]
+
+
+def test_a_jagged_leaf_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    nt = torch.nested.nested_tensor([torch.arange(4.0), torch.arange(2.0)], layout=torch.jagged)
+    td = tdfunc.TensorDict({"tok": nt, "r": torch.ones(2)}, batch_size=[2])
+    with pytest.raises(TypeError) as e:
+        tdd.save_checkpoint(tmp_path / "ck", td)
+    assert str(e.value) == E.CKPT_LEAF_TYPE.format(key="'tok'", typ="NestedTensor")
+    assert not (tmp_path / "ck").exists()
+
+
 def test_single_process_flipped_byte(tmp_path: Path) -> None:
     td = tdfunc.TensorDict(a=torch.arange(16384.0))  # one item, mostly the leaf's 64 KiB
     tdd.save_checkpoint(tmp_path / "ck", td)

@@ -42,6 +42,7 @@ from torch.distributed.tensor import DTensor
 from ..._compat import pytree
 from ..._json import loads_unique
 from ..._keys import KeyPath, fmt_key
+from ..._nontensor import NonTensor
 from ..._ops._structure import check_batch_invariant
 from ..._tensorclass import is_tensorclass
 from ..._tree import class_of, context_from_json, nested_type_names, node_type
@@ -581,9 +582,14 @@ def _check_fields(cls: type, ctx: tuple) -> None:
 
 def _children(ctx: tuple) -> int:
     """How many children torch's pytree sees for a node of context ``ctx``: its own
-    non-``None`` children and, nested nodes flattened in place, theirs."""
+    children that are neither ``None`` nor non-tensor leaves (those live in the context)
+    and, nested nodes flattened in place, theirs."""
     subs = {i for i, _, _ in ctx[7]}
-    own = sum(1 for i, nd in enumerate(ctx[2]) if nd != -1 and i not in subs)
+    own = sum(
+        1
+        for i, nd in enumerate(ctx[2])
+        if not isinstance(nd, NonTensor) and nd != -1 and i not in subs
+    )
     return own + sum(_children(sub) for _, _, sub in ctx[7])
 
 
