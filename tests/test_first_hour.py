@@ -278,6 +278,7 @@ def test_clone_recurse_false_shares_the_leaves_as_tensordict() -> None:
     shallow = td.clone(recurse=False)
     assert shallow["a"] is td["a"]
     assert shallow["n", "m", "c"] is td["n", "m", "c"]
+    pytest.importorskip("tensordict")
     ref = tdfunc.to_tensordict(td)
     assert ref.clone(recurse=False)["a"] is ref["a"]
     assert td.clone()["a"] is not td["a"]
@@ -440,6 +441,7 @@ def test_setting_batch_size_or_device_names_the_pure_spelling() -> None:
     with pytest.raises(TypeError, match="dim names are not supported"):
         td.names = ["x", None]
     assert td.batch_size == torch.Size([3, 4])
+    pytest.importorskip("tensordict")
     ref = tdfunc.to_tensordict(td)
     ref.batch_size = [3]
     new = tdfunc.TensorDict(dict(td.items()), [3])  # the spelling the error names
