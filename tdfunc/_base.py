@@ -190,7 +190,8 @@ class Container(Node):
             >>> td.__getitems__([4, 1])["x"].tolist()
             [4.0, 1.0]
         """
-        return self[torch.as_tensor(indices, dtype=torch.long)]
+        out: T = ops.index(self, torch.as_tensor(indices, dtype=torch.long))
+        return out
 
     def __iter__(self) -> Iterator[Any]:
         if not self._batch_size:
