@@ -264,6 +264,16 @@ def jagged_problem(
     return None
 
 
+def from_read_parts(values: Tensor, offsets: Tensor, lengths: Tensor | None) -> Tensor:
+    """The jagged tensor of parts read from a file (checked by :func:`jagged_problem`
+    first), on memory of its own (the parts may be memory-mapped views of the file)."""
+    return torch.nested.nested_tensor_from_jagged(
+        values.as_subclass(Tensor).clone(),
+        offsets.as_subclass(Tensor).clone(),
+        None if lengths is None else lengths.as_subclass(Tensor).clone(),
+    )
+
+
 def jagged_parts(x: Any) -> list[Tensor]:
     """The tensors a jagged tensor is made of: values, offsets and (when present) lengths."""
     lengths = x.lengths()

@@ -51,7 +51,7 @@ from .. import _nontensor as nontensor
 from .._compat import pytree
 from .._keys import fmt_key
 from .._nontensor import NonTensor
-from .._ragged import is_jagged, jagged_problem
+from .._ragged import from_read_parts, is_jagged, jagged_problem
 from .._tensorclass import restore
 from .._tree import KeyPath, Node, is_node
 from ..memmap._tensor import (
@@ -792,11 +792,7 @@ class _Builder:
         problem = jagged_problem(values, offsets, lengths, rows)
         if problem is not None:
             raise self.bad(f"jagged leaf {fmt_key(path)}: {problem}")
-        return torch.nested.nested_tensor_from_jagged(
-            values.as_subclass(Tensor).clone(),
-            offsets.as_subclass(Tensor).clone(),
-            None if lengths is None else lengths.as_subclass(Tensor).clone(),
-        )
+        return from_read_parts(values, offsets, lengths)
 
     def leaf(self, c: dict[str, Any], path: KeyPath) -> Tensor:
         """The tensor of one leaf entry, checked against the tensor table: its name is the key

@@ -72,7 +72,7 @@ from .._compat import pytree
 from .._json import loads_unique
 from .._keys import fmt_key
 from .._nontensor import NonTensor
-from .._ragged import is_jagged, jagged_problem
+from .._ragged import from_read_parts, is_jagged, jagged_problem
 from .._shapes import SHAPE_UNSAVED, shape_problem
 from .._tensorclass import is_tensorclass, restore
 from .._tree import KeyPath, Node, is_node, leaves_with_paths
@@ -665,11 +665,7 @@ class _Reader:
         problem = jagged_problem(values, offsets, lengths, bs)
         if problem is not None:
             raise self.corrupt(f"jagged leaf {_where(path)}: {problem}")
-        return torch.nested.nested_tensor_from_jagged(
-            values.as_subclass(Tensor).clone(),
-            offsets.as_subclass(Tensor).clone(),
-            None if lengths is None else lengths.as_subclass(Tensor).clone(),
-        )
+        return from_read_parts(values, offsets, lengths)
 
     def static(self, entry: Any, path: KeyPath) -> dict[str, Any]:
         out: dict[str, Any] = {}
