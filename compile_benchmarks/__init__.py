@@ -33,6 +33,10 @@ MODES: tuple[str, ...] = ("eager", "compiled", "reduce-overhead")
 #: Environment variable equivalent of the ``--bench-quick`` pytest option.
 QUICK_ENV = "TDFUNC_BENCH_QUICK"
 
+#: Kinds of stored runs (``compile_benchmarks/results/<kind>/``) and the make target of each:
+#: ``make bench`` skips the compile-cost rows that ``make bench-compile`` measures.
+RUN_KINDS: dict[str, str] = {"full": "make bench", "compile": "make bench-compile"}
+
 
 def available_modes() -> list[str]:
     """The modes measurable here: eager, compiled, and reduce-overhead when CUDA is available.
@@ -50,4 +54,4 @@ def available_modes() -> list[str]:
     return modes
 
 
-__all__ = ["CONTENDERS", "MODES", "QUICK_ENV", "available_modes"]
+__all__ = ["CONTENDERS", "MODES", "QUICK_ENV", "RUN_KINDS", "available_modes"]

@@ -66,6 +66,15 @@ Quick mode and passes
   ``bench_size(full, quick)`` fixture. ``run.py --quick`` also passes
   ``--benchmark-min-rounds=1`` and a tiny ``--benchmark-max-time`` so each benchmark runs
   about once (``--benchmark-disable`` would run each once too, but writes no JSON).
+* A benchmark module's ``COMPILED_IF_REPRESENTATIVE`` (a tuple of contender names) keeps the
+  compiled items of those contenders only in the workloads marked representative: their
+  compiled graph is another contender's (e.g. ``tree_map`` over dicts traces to the flat
+  list's graph), so the other compiled rows would repeat that contender's.
+* ``@pytest.mark.bench_compile`` marks the compile-cost rows (cold first calls in fresh
+  processes with the caches off, the compile-by-blocks step: minutes each). ``make bench``
+  (``run.py --full``) deselects them with ``--bench-compile-rows=skip``; ``make
+  bench-compile`` (``run.py --compile``) runs only them (``--bench-compile-rows=only``); plain
+  pytest runs them with the others.
 * ``--bench-passes N`` repeats every benchmark in N passes. Items are reordered so that all
   contenders of one workload and mode run next to each other, pass after pass, in forward
   then reverse order (c1..cN, cN..c1, ...): the report combines the passes with medians,
@@ -115,6 +124,14 @@ _UNGROUPED = ("contender", _PASS_PARAM)
 REPRESENTATIVE = "bench_representative"
 #: Marker of benchmarks that only run in full mode (deselected by ``--bench-quick``).
 FULL_ONLY = "bench_full_only"
+#: Module attribute naming the contenders whose compiled items run only in the representative
+#: workloads (their compiled graph is another contender's; every mode deselects the others).
+COMPILED_IF_REPRESENTATIVE = "COMPILED_IF_REPRESENTATIVE"
+#: Marker of the compile-cost rows measured by ``make bench-compile`` (cold first calls in
+#: fresh processes with the caches off, the compile-by-blocks step); ``make bench`` skips them.
+COMPILE_ROWS = "bench_compile"
+#: ``--bench-compile-rows`` choices: run the marked items with the others, skip them, or only them.
+COMPILE_ROWS_CHOICES = ("include", "skip", "only")
 
 
 # ----------------------------------------------------------------------------- options
@@ -138,6 +155,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=None,
         help=f"intra-op and OpenMP threads for the whole run (default ${THREADS_ENV} or 1)",
+    )
+    group.addoption(
+        "--bench-compile-rows",
+        choices=COMPILE_ROWS_CHOICES,
+        default="include",
+        help=f"items marked {COMPILE_ROWS} (make bench-compile): run them with the others "
+        "(include, the default), skip them (make bench) or run only them (make bench-compile)",
     )
     group.addoption(
         "--bench-sizes",
@@ -240,11 +264,35 @@ def pytest_collection_modifyitems(
         return (first_seen[key], p, -pos if p % 2 else pos, i)
 
     items[:] = [it for _, it in sorted(enumerate(items), key=sort_key)]
+    _keep(config, items, lambda it: not _compiled_repeat(it))
     if is_quick(config):
-        keep = [it for it in items if _runs_in_quick(it)]
-        if len(keep) != len(items):
-            config.hook.pytest_deselected(items=[it for it in items if not _runs_in_quick(it)])
-            items[:] = keep
+        _keep(config, items, _runs_in_quick)
+    rows = config.getoption("--bench-compile-rows")
+    if rows != "include":
+        want = rows == "only"
+        _keep(config, items, lambda it: (it.get_closest_marker(COMPILE_ROWS) is not None) == want)
+
+
+def _keep(
+    config: pytest.Config, items: list[pytest.Item], keep: Callable[[pytest.Item], bool]
+) -> None:
+    """Deselect (as pytest reports it) every item ``keep`` refuses."""
+    kept = [it for it in items if keep(it)]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[it for it in items if not keep(it)])
+        items[:] = kept
+
+
+def _compiled_repeat(item: pytest.Item) -> bool:
+    """A compiled item of a contender its module lists in ``COMPILED_IF_REPRESENTATIVE`` (its
+    compiled graph is another contender's), outside the representative workloads."""
+    names = getattr(getattr(item, "module", None), COMPILED_IF_REPRESENTATIVE, ())
+    params = _params(item)
+    return (
+        params.get("mode", "eager") != "eager"
+        and params.get("contender") in names
+        and item.get_closest_marker(REPRESENTATIVE) is None
+    )
 
 
 def _runs_in_quick(item: pytest.Item) -> bool:
@@ -266,6 +314,10 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{REPRESENTATIVE}: a workload compiled for every contender even in quick mode",
     )
     config.addinivalue_line("markers", f"{FULL_ONLY}: a benchmark deselected in quick mode")
+    config.addinivalue_line(
+        "markers",
+        f"{COMPILE_ROWS}: a compile-cost row of make bench-compile (make bench skips it)",
+    )
 
 
 # ----------------------------------------------------------------------------- fixtures

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -64,6 +64,11 @@ def paired(a: Callable[[], Any], b: Callable[[], Any], rounds: int, calls: int) 
     }
 
 
+#: A/A controls already measured in this process, by ``(aa_key, rounds, calls)``: the
+#: workload that measured it and its result.
+_SHARED_AA: dict[Hashable, tuple[str, dict[str, float]]] = {}
+
+
 def report(
     benchmark: Any,
     *,
@@ -79,11 +84,24 @@ def report(
     contender: str = "tdfunc",
     target: float | None = None,
     extra: dict[str, Any] | None = None,
+    aa_key: Hashable | None = None,
 ) -> dict[str, float]:
     """Paired rounds of A against B and the A/A control (A against ``a2``, an independent copy
-    of A); recorded in the benchmark's ``extra_info`` and printed (``pytest -s``)."""
+    of A); recorded in the benchmark's ``extra_info`` and printed (``pytest -s``).
+
+    ``aa_key``: rows of the same A (the same contender on the same data) against different
+    B's share one A/A control, measured by the first of them with the same rounds and calls
+    (``extra_info["aa_from"]`` names it), since the control does not depend on B.
+    """
     res = paired(a, b, rounds, calls)
-    aa = paired(a, a2, rounds, calls)
+    key = None if aa_key is None else (aa_key, rounds, calls)
+    aa_from = None
+    if key is not None and key in _SHARED_AA:
+        aa_from, aa = _SHARED_AA[key]
+    else:
+        aa = paired(a, a2, rounds, calls)
+        if key is not None:
+            _SHARED_AA[key] = (workload, aa)
     info = {
         "workload": workload,
         "mode": mode,
@@ -97,6 +115,7 @@ def report(
         "rounds": rounds,
         "calls_per_round": calls,
         "target": target,
+        **({} if aa_from is None else {"aa_from": aa_from}),
         **(extra or {}),
     }
     benchmark.extra_info.update(info)
@@ -105,6 +124,7 @@ def report(
         f"[{res['ratio_min']:.3f}-{res['ratio_max']:.3f}] ({res['a_us']:.0f} vs "
         f"{res['b_us']:.0f} us/call); A/A {aa['ratio']:.3f} "
         f"[{aa['ratio_min']:.3f}-{aa['ratio_max']:.3f}]"
+        + ("" if aa_from is None else f" (measured with {aa_from})")
         + ("" if target is None else f"; target <= {target}")
     )
     benchmark.pedantic(a, rounds=max(rounds // 3, 1), iterations=calls)

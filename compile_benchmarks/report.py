@@ -1,14 +1,19 @@
 """Turn pytest-benchmark JSON into ``RESULTS.md`` and ``ratios.png``.
 
-Usage: ``python -m compile_benchmarks.report RESULTS.json [MORE.json ...] [--out DIR]``
-(``python -m compile_benchmarks.run`` calls it after the benchmarks).
+Usage: ``python -m compile_benchmarks.report [RESULTS.json ...] [--out DIR]``
+(``python -m compile_benchmarks.run`` calls it after the benchmarks). Without JSON files it
+assembles the report from the stored result of every benchmark file
+(``compile_benchmarks/results/<full|compile>/``, see ``store.py``): each section then names
+the file, date and commit its rows come from, and a *Sources* table lists them all.
 
 The repository's ``README.md`` shows a headline of the report: the rows of :data:`HEADLINE`
 (what a user runs, against what they would use instead), read from the tables of
 ``RESULTS.md`` itself, so the committed report is all it needs.
 ``python -m compile_benchmarks.report --readme`` rewrites that table (between the
 ``<!-- bench:start -->`` and ``<!-- bench:end -->`` lines; ``make bench`` does it after the
-report), ``--check-readme`` exits 1 when it differs; ``tests/test_readme_claims.py`` fails then.
+report), ``--check-readme`` exits 1 when it differs; ``tests/test_readme_claims.py`` fails then, and
+``tests/test_bench_report.py`` when the table is more than :data:`README_MAX_AGE_DAYS` older
+than the newest commit of ``tdfunc/`` (:func:`stale_table_message`).
 
 Every benchmark carries ``extra_info`` with ``workload``, ``mode``, ``contender`` (any name;
 the canonical ones sort first), ``category`` and ``pass``; compiled ones add ``compile_s``,
@@ -34,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import re
 import statistics
@@ -44,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compile_benchmarks import CONTENDERS
+from compile_benchmarks import CONTENDERS, RUN_KINDS
 
 HERE = Path(__file__).resolve().parent
 COMPILED_MODES = ("compiled", "reduce-overhead")
@@ -129,23 +135,81 @@ Key = tuple[str, str, str]  # (category, workload, mode)
 
 @dataclass
 class Results:
-    """Benchmarks grouped as ``rows[(category, workload, mode)][contender] -> Entry``."""
+    """Benchmarks grouped as ``rows[(category, workload, mode)][contender] -> Entry``.
+
+    ``runs`` (stored results only, see ``compile_benchmarks/store.py``): one entry per stored
+    benchmark file (its file, kind, date, commit...), and ``sources`` the runs each row was
+    read from.
+    """
 
     rows: dict[Key, dict[str, Entry]]
     meta: dict[str, Any]
     machine: dict[str, Any]
     docs: dict[tuple[str, str], str]
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sources: dict[Key, set[str]] = field(default_factory=dict)
 
 
-def load(paths: Sequence[Path]) -> Results:
-    """Read one or more pytest-benchmark JSON files (passes of later files are shifted)."""
+def date_span(dates: Iterable[str]) -> str:
+    """The days of ISO dates, as one day or ``first to last``.
+
+    Example:
+        >>> date_span(["2026-12-07T01:00:00+00:00", "2026-12-05T23:00:00+00:00"])
+        '2026-12-05 to 2026-12-07'
+    """
+    days = sorted({d for text in dates for d in re.findall(r"\d{4}-\d{2}-\d{2}", str(text))})
+    if not days:
+        return "?"
+    return days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+
+
+def _run_of(data: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The label and description of a stored result (``store.py``), None for plain JSON."""
+    stamp = data.get("stamp")
+    if not isinstance(stamp, dict) or "file" not in data:
+        return None
+    kind = str(data.get("kind", "full"))
+    settings = data.get("settings") or {}
+    return f"{kind}:{data['file']}", {
+        "file": str(data["file"]),
+        "kind": kind,
+        "date": str(stamp.get("date", "?")),
+        "commit": stamp.get("commit"),
+        "dirty": bool(stamp.get("dirty")),
+        "torch": stamp.get("torch"),
+        "complete": bool(data.get("complete", True)),
+        "seconds": data.get("seconds"),
+        "passes": settings.get("passes"),
+    }
+
+
+def load(paths: Sequence[Path], shift_passes: bool = True) -> Results:
+    """Read one or more pytest-benchmark JSON files. Passes of later files are shifted (they
+    add passes to the rows of earlier files) unless ``shift_passes`` is false (stored results
+    of distinct benchmark files); the metadata of a set of stored results is the newest
+    ``make bench`` file's, its date the span of their dates."""
     rows: dict[Key, dict[str, Entry]] = defaultdict(dict)
     docs: dict[tuple[str, str], str] = {}
     meta: dict[str, Any] = {}
     machine: dict[str, Any] = {}
+    runs: dict[str, dict[str, Any]] = {}
+    sources: dict[Key, set[str]] = defaultdict(set)
+    metas: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []
     offset = 0
     for path in paths:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        run = _run_of(data)
+        if run is not None:
+            runs[run[0]] = run[1]
+            if data.get("tdfunc_bench"):
+                metas.append(
+                    (
+                        run[1]["kind"],
+                        run[1]["date"],
+                        data["tdfunc_bench"],
+                        data.get("machine_info") or {},
+                    )
+                )
         meta = meta or data.get("tdfunc_bench", {})
         machine = machine or data.get("machine_info", {})
         top = 0
@@ -155,6 +219,8 @@ def load(paths: Sequence[Path]) -> Results:
                 continue
             cat = str(info.get("category", "other"))
             key = (cat, str(info["workload"]), str(info["mode"]))
+            if run is not None:
+                sources[key].add(run[0])
             entry = rows[key].setdefault(str(info["contender"]), Entry())
             p = int(info.get("pass", 0)) + offset
             top = max(top, p + 1)
@@ -166,8 +232,48 @@ def load(paths: Sequence[Path]) -> Results:
                 entry.info = dict(info)
             if info.get("doc"):
                 docs[(cat, str(info["workload"]))] = str(info["doc"])
-        offset += top
-    return Results(dict(rows), meta, machine, docs)
+        if shift_passes:
+            offset += top
+    if runs:
+        if metas:
+            full = [m for m in metas if m[0] == "full"] or metas
+            _kind, _date, newest, machine = max(full, key=lambda m: m[1])
+            meta = dict(newest)
+        dates = [r["date"] for r in runs.values() if r["kind"] == "full"]
+        meta["date"] = date_span(dates or [r["date"] for r in runs.values()])
+        compile_runs = [r["date"] for r in runs.values() if r["kind"] == "compile"]
+        if compile_runs:
+            meta["compile_date"] = date_span(compile_runs)
+    return Results(dict(rows), meta, machine, docs, runs, dict(sources))
+
+
+def _source_text(run: dict[str, Any]) -> str:
+    """``file`` date, commit (and whether it had uncommitted changes or is incomplete)."""
+    commit = run.get("commit")
+    text = f"`{run['file']}` {date_span([run['date']])}, " + (
+        f"commit `{commit[:10]}`" if commit else "no commit"
+    )
+    if run.get("dirty"):
+        text += " with uncommitted changes"
+    if not run.get("complete", True):
+        text += ", incomplete"
+    return text
+
+
+def measured_line(res: Results, keys: Iterable[Key]) -> list[str]:
+    """The line that dates a section: the stored results its rows were read from.
+
+    Example:
+        >>> measured_line(Results({}, {}, {}, {}), [("c", "w", "eager")])
+        []
+    """
+    labels = sorted({label for k in keys for label in res.sources.get(k, ())})
+    if not labels:
+        return []
+    return [
+        "Measured: " + "; ".join(_source_text(res.runs[label]) for label in labels) + ".",
+        "",
+    ]
 
 
 def contender_order(names: Iterable[str]) -> list[str]:
@@ -326,7 +432,7 @@ def timing_sections(res: Results, misses: list[Miss]) -> list[str]:
                 continue
             names = contender_order({c for k in keys for c in res.rows[k]})
             cols = _ratio_columns(set(names))
-            out += [f"### {cat} — {mode}", ""]
+            out += [f"### {cat} — {mode}", "", *measured_line(res, keys)]
             header = ["workload", *[f"{c} µs" for c in names], *[c[0] for c in cols]]
             body = []
             for k in keys:
@@ -360,6 +466,7 @@ def compile_sections(res: Results, misses: list[Miss]) -> list[str]:
     out = [
         "## Compilation: cold compile, graphs, graph breaks, recompiles",
         "",
+        *measured_line(res, keys),
         "### Cold compile (s)",
         "",
     ]
@@ -618,6 +725,7 @@ def replay_section(res: Results) -> list[str]:
     return [
         "### replay — rows/s",
         "",
+        *measured_line(res, keys),
         *_table(["workload", *[f"{c} rows/s" for c in names]], body),
         "",
     ]
@@ -642,7 +750,8 @@ def memory_section(res: Results) -> list[str]:
         []
     """
     body = []
-    for cat, workload, mode, name, info in _infos(res, "peak_param_sets"):
+    found = _infos(res, "peak_param_sets")
+    for cat, workload, mode, name, info in found:
         target = info.get("target")
         value = info["peak_param_sets"]
         met = "" if target is None else ("✓" if value <= target + 0.05 else MISS)
@@ -664,6 +773,7 @@ def memory_section(res: Results) -> list[str]:
         "RSS high-water mark of a fresh process, reset after warm-up steps, minus the RSS "
         "before the step, divided by the bytes of the parameters (0.05 allowed for noise).",
         "",
+        *measured_line(res, [r[:3] for r in found]),
         *_table(["category", "workload", "mode", "contender", "growth", "target"], body),
         "",
     ]
@@ -678,7 +788,8 @@ def first_call_section(res: Results) -> list[str]:
         []
     """
     body = []
-    for cat, workload, _mode, _name, info in _infos(res, "cold_s", "extra_ms"):
+    found = _infos(res, "cold_s", "extra_ms")
+    for cat, workload, _mode, _name, info in found:
         if "extra_ms" in info:  # one call, no compilation: seconds per contender
             for who, sec in info["first_call_s"].items():
                 body.append([cat, workload, who, f"{sec:.3f}", "", ""])
@@ -696,6 +807,7 @@ def first_call_section(res: Results) -> list[str]:
         "`first_functional_call`: an eager call, no compile cache (target: tdfunc at most "
         "torch.func's + 50 ms).",
         "",
+        *measured_line(res, [r[:3] for r in found]),
         *_table(["category", "workload", "contender", "cold s", "warm s", "warm / cold"], body),
         "",
     ]
@@ -709,7 +821,8 @@ def paired_section(res: Results) -> list[str]:
         []
     """
     body = []
-    for cat, workload, mode, name, info in _infos(res, "ratio"):
+    found = _infos(res, "ratio")
+    for cat, workload, mode, name, info in found:
         if "aa" in info:
             target = info.get("target")
             met = "" if target is None else ("✓" if info["ratio"] <= target else MISS)
@@ -720,7 +833,8 @@ def paired_section(res: Results) -> list[str]:
                     mode,
                     f"{name} / {info.get('against', '?')}",
                     f"{info['ratio']:.2f} [{info['ratio_min']:.2f}-{info['ratio_max']:.2f}]",
-                    f"{info['aa']:.2f} [{info['aa_min']:.2f}-{info['aa_max']:.2f}]",
+                    f"{info['aa']:.2f} [{info['aa_min']:.2f}-{info['aa_max']:.2f}]"
+                    + (f" (of `{info['aa_from']}`)" if info.get("aa_from") else ""),
                     "" if target is None else f"<= {target} {met}",
                 ]
             )
@@ -730,8 +844,10 @@ def paired_section(res: Results) -> list[str]:
         "### Paired rounds — ratio and A/A control",
         "",
         "Median of the per-round ratios `[min-max]` (A then B, order alternating); the A/A "
-        "control is the same contender against an independent copy of itself.",
+        "control is the same contender against an independent copy of itself (*of* a row: "
+        "measured with that row, the same contender on the same data).",
         "",
+        *measured_line(res, [r[:3] for r in found if "aa" in r[4]]),
         *_table(["category", "workload", "mode", "ratio of", "ratio", "A/A", "target"], body),
         "",
     ]
@@ -745,6 +861,11 @@ def machine_section(res: Results) -> list[str]:
     mem = m.get("memory_gib")
     rows = [
         ["date", str(m.get("date", "?"))],
+        *(
+            [["date of the `make bench-compile` rows", m["compile_date"]]]
+            if "compile_date" in m
+            else []
+        ),
         [
             "CPU",
             f"{cpu}, {m.get('cores', '?')} cores, torch threads {m.get('torch_threads', '?')}"
@@ -765,6 +886,46 @@ def machine_section(res: Results) -> list[str]:
         ],
     ]
     return ["## Machine and versions", "", *_table(["", ""], rows), ""]
+
+
+def sources_section(res: Results) -> list[str]:
+    """One row per stored benchmark file the report was assembled from.
+
+    Example:
+        >>> sources_section(Results({}, {}, {}, {}))
+        []
+    """
+    if not res.runs:
+        return []
+    body = []
+    for run in sorted(res.runs.values(), key=lambda r: (r["kind"] != "full", r["file"])):
+        commit = run.get("commit")
+        secs = run.get("seconds")
+        body.append(
+            [
+                f"`{run['file']}`",
+                f"`{RUN_KINDS.get(run['kind'], run['kind'])}`",
+                run["date"].replace("T", " "),
+                (f"`{commit[:10]}`" if commit else "—")
+                + (" + uncommitted changes" if run.get("dirty") else ""),
+                str(run.get("torch") or "?"),
+                str(run.get("passes") or "—"),
+                "—" if secs is None else f"{secs / 60:.1f}",
+                MET if run.get("complete", True) else f"{MISS} incomplete",
+            ]
+        )
+    header = ["file", "measured by", "date", "commit", "torch", "passes", "minutes", "complete"]
+    return [
+        "## Sources",
+        "",
+        "Each benchmark file's rows come from its newest stored result "
+        "(`compile_benchmarks/results/<kind>/<file>.json`, written as the file completed); "
+        "`make bench` measures again only the files not measured yet for the commit checked "
+        "out (`--force`: all).",
+        "",
+        *_table(header, body),
+        "",
+    ]
 
 
 def _threads_text(meta: dict[str, Any]) -> str:
@@ -829,7 +990,8 @@ def render(res: Results, chart: str | None = None, title: str = "tdfunc benchmar
     ]
     lines += [*suspect_section(res)]
     lines += ["## Missed targets", "", *missed_rows(misses)]
-    lines += [*machine_section(res), *workloads_section(res), *per_pass_section(res)]
+    lines += [*machine_section(res), *sources_section(res)]
+    lines += [*workloads_section(res), *per_pass_section(res)]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -838,12 +1000,8 @@ CHART_SERIES = ("tensordict", "pytree", "torch_func", "floor")
 
 
 def chart(res: Results, path: Path) -> bool:
-    """A PNG of tdfunc's ratios (vs tensordict, pytree, floor) per workload, eager and compiled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """A PNG of tdfunc's ratios (vs tensordict, pytree, floor) per workload, eager and compiled;
+    False (nothing written) when no row has one."""
     panels = []
     for mode, limits in (
         ("eager", {"tensordict": 0.7, "pytree": 1.0}),
@@ -877,6 +1035,11 @@ def chart(res: Results, path: Path) -> bool:
             panels.append((mode, labels, series, limits))
     if not panels:
         return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     height = max(4.0, 0.22 * max(len(p[1]) for p in panels) + 1.5)
     fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), height), squeeze=False)
     colors = {
@@ -912,6 +1075,8 @@ def chart(res: Results, path: Path) -> bool:
         )
         ax.legend(fontsize=7, loc="lower right")
         ax.grid(axis="x", which="both", alpha=0.3)
+    if res.runs:
+        fig.suptitle(f"measured {res.meta.get('date', '?')}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -1171,7 +1336,7 @@ def _run_line(tables: dict[str, list[list[str]]], path: Path) -> str:
     threads = m.get("threads", "?").split(" ")[0]
     gpu = m.get("GPU", "none")
     return (
-        f"`make bench` of {m.get('date', '?')[:10]}: torch {m.get('torch', '?')}, "
+        f"`make bench` of {date_span([m.get('date', '?')])}: torch {m.get('torch', '?')}, "
         f"{m.get('CPU', '?')}" + ("" if gpu == "none" else f", {gpu}") + f"; {threads} "
         f"thread{'s' if threads != '1' else ''}, {clock}, medians of {m.get('passes', '?')} "
         "interleaved passes."
@@ -1239,12 +1404,89 @@ def write_headline(readme: Path = ROOT_README, results: Path = RESULTS_MD) -> bo
     return new != text
 
 
+# ----------------------------------------------------------------------------- README age
+#: The README's benchmark table may be this many days older than the newest commit of
+#: ``tdfunc/``, no more (``tests/test_bench_report.py`` fails otherwise).
+README_MAX_AGE_DAYS = 14
+NO_TABLE_DATE = (
+    "{path}: the benchmark table carries no date (a line '`make bench` of YYYY-MM-DD: ...' "
+    "between {start!r} and {end!r})"
+)
+STALE_TABLE = (
+    "{path}: the benchmark table was measured on {table}, but tdfunc/ changed on {changed}, "
+    "{days} days later (at most {limit} allowed): run `make bench` on an idle machine (it "
+    "resumes where it stopped and rewrites the table)"
+)
+
+
+def readme_table_date(readme_text: str, path: Path = ROOT_README) -> datetime.date:
+    r"""The day the README's benchmark table was measured (the first day of its run line, the
+    oldest when the report spans several days).
+
+    Example:
+        >>> run = "`make bench` of 2026-12-01 to 2026-12-03: torch 2.13.0"
+        >>> readme_table_date(f"{HEADLINE_START}\n{run}\n{HEADLINE_END}")
+        datetime.date(2026, 12, 1)
+    """
+    start, end = readme_block(readme_text, path)
+    m = re.search(r"`make bench` of (\d{4}-\d{2}-\d{2})", readme_text[start:end])
+    if m is None:
+        raise ValueError(NO_TABLE_DATE.format(path=path, start=HEADLINE_START, end=HEADLINE_END))
+    return datetime.date.fromisoformat(m[1])
+
+
+def newest_change(root: Path = HERE.parent, path: str = "tdfunc") -> datetime.datetime:
+    """When ``root/path`` last changed: the commit date of the newest commit touching it, or,
+    outside a git checkout (or before its first commit), the newest modification time of its
+    files."""
+    from compile_benchmarks.store import git
+
+    out = (git(Path(root), "log", "-1", "--format=%cI", "--", path) or "").strip()
+    if out:
+        return datetime.datetime.fromisoformat(out)
+    files = [
+        p for p in (Path(root) / path).rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    ]
+    if not files:
+        raise ValueError(f"{Path(root) / path}: no file to date")
+    newest = max(p.stat().st_mtime for p in files)
+    return datetime.datetime.fromtimestamp(newest, tz=datetime.UTC)
+
+
+def stale_table_message(
+    table: datetime.date,
+    changed: datetime.datetime,
+    limit: int = README_MAX_AGE_DAYS,
+    path: Path = ROOT_README,
+) -> str | None:
+    """Why the README's table (measured on ``table``) is stale against a change to the library
+    on ``changed``, or None when it is at most ``limit`` days older.
+
+    Example:
+        >>> import datetime as dt
+        >>> stale_table_message(dt.date(2026, 12, 1), dt.datetime(2026, 12, 15, 23)) is None
+        True
+        >>> "16 days later" in stale_table_message(dt.date(2026, 12, 1), dt.datetime(2026, 12, 17))
+        True
+    """
+    days = (changed.date() - table).days
+    if days <= limit:
+        return None
+    return STALE_TABLE.format(
+        path=path, table=table, changed=changed.date(), days=days, limit=limit
+    )
+
+
 # ----------------------------------------------------------------------------- entry point
 def write_report(
-    json_paths: Sequence[Path], out_dir: Path, title: str = "tdfunc benchmark results"
+    json_paths: Sequence[Path],
+    out_dir: Path,
+    title: str = "tdfunc benchmark results",
+    shift_passes: bool = True,
 ) -> Path:
-    """Write ``RESULTS.md`` and ``ratios.png`` into ``out_dir``; return the Markdown path."""
-    res = load(json_paths)
+    """Write ``RESULTS.md`` and ``ratios.png`` into ``out_dir``; return the Markdown path.
+    ``shift_passes``: see :func:`load` (false for stored results of distinct files)."""
+    res = load(json_paths, shift_passes)
     if not res.rows:
         raise ValueError(
             f"no benchmark with workload/mode/contender extra_info in {list(map(str, json_paths))}"
@@ -1259,7 +1501,13 @@ def write_report(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json", nargs="*", type=Path, help="pytest-benchmark JSON file(s)")
+    parser.add_argument(
+        "json",
+        nargs="*",
+        type=Path,
+        help="pytest-benchmark JSON file(s); none: the stored results of make bench and "
+        "make bench-compile (compile_benchmarks/results/<kind>/)",
+    )
     parser.add_argument("--out", type=Path, default=HERE, help="output directory (default: here)")
     parser.add_argument(
         "--readme",
@@ -1284,9 +1532,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_headline()
         print(f"wrote the benchmark table of {ROOT_README}")
         return 0
-    if not args.json:
-        parser.error("give the pytest-benchmark JSON file(s), or --readme / --check-readme")
-    md = write_report(args.json, args.out)
+    if args.json:
+        md = write_report(args.json, args.out)
+    else:
+        from compile_benchmarks.store import RESULTS, stored_paths
+
+        paths = stored_paths()
+        if not paths:
+            parser.error(f"no stored result in {RESULTS}: give JSON file(s) or run make bench")
+        md = write_report(paths, args.out, shift_passes=False)
     print(f"wrote {md}")
     return 0
 

@@ -23,6 +23,9 @@ from typing import Any
 import pytest
 
 CATEGORY = "compile_regions"
+#: every row here is a compile-cost row: ``make bench-compile`` measures them, ``make bench``
+#: skips them
+pytestmark = pytest.mark.bench_compile
 KINDS = ("vg_blockc", "vg_scan", "scan_joint", "regional", "compiled_model", "joint")
 
 

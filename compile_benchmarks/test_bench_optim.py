@@ -461,8 +461,23 @@ ROWS = [
 ]
 
 
-@pytest.mark.parametrize("row", range(len(ROWS)))
-@pytest.mark.parametrize("pset", sorted(SETS))
+#: Rows not measured on the large set: both sides run the same fused kernel there (clones +
+#: fused, donated + fused, donated + the bare kernel), so what these rows measure, the fixed
+#: cost per step around the kernel, vanishes against a ~100 ms kernel: 1.0 by construction
+#: (eager donated / fused there: 1.05 and 1.00 on 2026-12-02 and 12-03). set50 and tiny
+#: measure them.
+NOT_ON_LARGE = (4, 6, 7)
+
+
+@pytest.mark.parametrize(
+    ("pset", "row"),
+    [
+        pytest.param(pset, row, id=f"{pset}-{row}")
+        for pset in sorted(SETS)
+        for row in range(len(ROWS))
+        if not (pset == "large" and row in NOT_ON_LARGE)
+    ],
+)
 def test_adamw_step_fused_and_donated(
     benchmark: Any, plan: Any, bench_quick: bool, pset: str, row: int
 ) -> None:
@@ -487,6 +502,9 @@ def test_adamw_step_fused_and_donated(
         calls=calls,
         contender=contender,
         target=targets.get(pset, targets.get("*")),
+        # the rows of one tdfunc variant on one set share its A/A control (it does not
+        # depend on the contender it is measured against)
+        aa_key=("adamw_step", pset, variant),
     )
 
 
@@ -642,6 +660,7 @@ print(json.dumps({"first_call_s": time.perf_counter() - t0}))
 
 
 @pytest.mark.bench_full_only
+@pytest.mark.bench_compile
 @pytest.mark.parametrize("which", ["mlp", "gpt2"])
 def test_first_call_cold_and_warm(benchmark: Any, tmp_path: Any, which: str) -> None:
     """First call of a compiled training step (forward, backward, AdamW; an MLP, or GPT-2 on
