@@ -22,6 +22,7 @@ from .._errors import InPlaceError
 from .._keys import fmt_key
 from .._tree import KeyPath, Node, is_node
 from ._routing import (
+    BAD_INDEX,
     BAD_KWARG,
     INPLACE_MODULE,
     KWARGS_AND_TD,
@@ -436,6 +437,87 @@ class TensorDictSequential(nn.Module):
                 NO_INPUT.format(module=self._name, names=[kwarg_name(p) for p in self._in_paths])
             )
         return self._forward(td)
+
+    def __len__(self) -> int:
+        """The number of modules (plain functions count as one each).
+
+        Example:
+            >>> import torch
+            >>> from tdfunc.nn import TensorDictModule, TensorDictSequential
+            >>> len(TensorDictSequential(
+            ...     TensorDictModule(lambda x: x + 1, in_keys="a", out_keys="b"),
+            ...     TensorDictModule(lambda x: x * 2, in_keys="b", out_keys="c")))
+            2
+        """
+        return len(self._steps)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        """Module ``index`` (as given, a plain function as its wrapping step), or for a slice a
+        new :class:`TensorDictSequential` of those modules (sharing them; without
+        ``selected_out_keys``, as in ``tensordict.nn``).
+
+        Raises:
+            IndexError: ``index`` is out of range.
+            TypeError: ``index`` is not an int or a slice.
+
+        Example:
+            >>> import torch
+            >>> from tdfunc.nn import TensorDictModule, TensorDictSequential
+            >>> seq = TensorDictSequential(
+            ...     TensorDictModule(lambda x: x + 1, in_keys="a", out_keys="b"),
+            ...     TensorDictModule(lambda x: x * 2, in_keys="b", out_keys="c"))
+            >>> seq[-1].out_keys, seq[1:].in_keys, seq[:1].out_keys
+            (['c'], ['b'], ['b'])
+        """
+        if isinstance(index, slice):
+            return type(self)(*self._steps[index])
+        if isinstance(index, int) and not isinstance(index, bool):
+            return self._steps[index]
+        raise TypeError(BAD_INDEX.format(typ=type(index).__name__))
+
+    def __setitem__(self, index: int | slice, module: Any) -> NoReturn:
+        """tensordict's ``seq[i] = m`` changes the sequence in place: it raises
+        :class:`tdfunc.InPlaceError` naming the pure spelling (a new sequence).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> from tdfunc.nn import TensorDictModule, TensorDictSequential
+            >>> seq = TensorDictSequential(TensorDictModule(lambda x: x, in_keys="a", out_keys="b"))
+            >>> try:
+            ...     seq[0] = seq[0]
+            ... except tdfunc.InPlaceError as e:
+            ...     print(str(e).split(": ")[-1])
+            seq = TensorDictSequential(*seq[:i], new_module, *seq[i + 1:])
+        """
+        raise InPlaceError(
+            INPLACE_MODULE.format(
+                cls=type(self).__name__,
+                name="__setitem__",
+                hint="seq = TensorDictSequential(*seq[:i], new_module, *seq[i + 1:])",
+            )
+        )
+
+    def __delitem__(self, index: int | slice) -> NoReturn:
+        """tensordict's ``del seq[i]`` changes the sequence in place: it raises
+        :class:`tdfunc.InPlaceError` naming the pure spelling (a new sequence).
+
+        Example:
+            >>> import torch, tdfunc
+            >>> from tdfunc.nn import TensorDictModule, TensorDictSequential
+            >>> seq = TensorDictSequential(TensorDictModule(lambda x: x, in_keys="a", out_keys="b"))
+            >>> try:
+            ...     del seq[0]
+            ... except tdfunc.InPlaceError as e:
+            ...     print(str(e).split(": ")[-1])
+            seq = TensorDictSequential(*seq[:i], *seq[i + 1:])
+        """
+        raise InPlaceError(
+            INPLACE_MODULE.format(
+                cls=type(self).__name__,
+                name="__delitem__",
+                hint="seq = TensorDictSequential(*seq[:i], *seq[i + 1:])",
+            )
+        )
 
     def _out_paths(self) -> tuple[KeyPath, ...]:
         return self._all_out_paths if self._selected is None else self._selected

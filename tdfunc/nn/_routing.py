@@ -92,6 +92,7 @@ NO_INPUT = (
 )
 NOT_AN_OUT_KEY = "{seq}: selected out key {key} is not written by any module (out keys: {out_keys})"
 NO_MODULES = "TensorDictSequential needs at least one module"
+BAD_INDEX = "TensorDictSequential indices are ints or slices, got {typ}"
 INPLACE_MODULE = (
     "{cls}.{name} changes the module in place in tensordict; here a module is fixed when it "
     "is built: the pure spelling returns a new module (rebind the name): {hint}"
