@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-test
 BSTAMP := $(VENV)/.installed-bench
 DSTAMP := $(VENV)/.installed-docs
 
-.PHONY: setup setup-bench test test-torch fuzz demo bench bench-quick lint clean
+.PHONY: setup setup-bench test test-torch fuzz demo bench bench-compile bench-quick lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -76,17 +76,28 @@ test-torch: $(TSTAMP)
 
 # a long run of the program fuzzers (make test runs a few hundred programs and the op-table
 # slice; this thousands, and 300 random programs over the op table, each checked alone)
-# and of the safetensors differential fuzzer (make test: 300 files; this 10,000)
+# and of the safetensors differential fuzzer (make test: 300 files; this 10,000); every
+# in-place foreach/fused overload of torch through functional_call's routes (make test: one
+# per overload form, three compiled; this all of them, about 1000 cases)
 fuzz: $(STAMP)
 	TDFUNC_FUZZ_EXAMPLES=$${TDFUNC_FUZZ_EXAMPLES:-3000} $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz.py
 	TDFUNC_FUZZ_EXAMPLES=$${TDFUNC_FUZZ_TABLE_EXAMPLES:-300} $(PY) -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/test_fuzz_table.py -k random_program
 	TDFUNC_SAFETENSORS_FUZZ_EXAMPLES=$${TDFUNC_SAFETENSORS_FUZZ_EXAMPLES:-10000} $(PY) -m pytest -q -p no:cacheprovider tests/test_safetensors_fuzz.py
+	TDFUNC_FOREACH_ALL=1 $(THREADS) $(PY) -m pytest -q -p no:cacheprovider -n 2 tests/test_nn_foreach.py
 
 demo: $(STAMP)
 	@set -e; for f in examples/*.py; do echo "== $$f"; $(PY) $$f; done
 
+# make bench resumes where it stopped: each benchmark file is stored as it completes and
+# skipped next time for the same commit (FORCE=1: measure all again). The compile-cost rows
+# (cold first calls in fresh processes, caches off; compile by blocks) are make bench-compile.
+BENCH_FORCE := $(if $(FORCE),--force,)
+
 bench: $(BSTAMP)
-	$(PY) -m compile_benchmarks.run --full
+	$(PY) -m compile_benchmarks.run --full $(BENCH_FORCE)
+
+bench-compile: $(BSTAMP)
+	$(PY) -m compile_benchmarks.run --compile $(BENCH_FORCE)
 
 bench-quick: $(BSTAMP)
 	$(PY) -m compile_benchmarks.run --quick
@@ -104,3 +115,42 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .venv-torch-* .pytest_cache .benchmarks
+
+# tdfunc.rl's prioritised replay against torchrl's PrioritizedSampler (tests/test_rl_replay_oracle.py,
+# skipped elsewhere): torchrl needs tensordict 0.14.x, so it gets a venv of its own. The test
+# skips when torchrl's C++ sum tree does not load with the installed torch.
+RLVENV := .venv-torchrl
+RLSTAMP := $(RLVENV)/.installed-test
+
+$(RLSTAMP):
+	$(PYTHON) -m venv $(RLVENV)
+	$(RLVENV)/bin/python -m pip install -q $(TORCH)
+	$(RLVENV)/bin/python -m pip install -q -e '.[test]' $(TORCH) torchrl==0.14.1 'tensordict>=0.14,<0.15'
+	touch $@
+
+.PHONY: test-rl-oracle
+test-rl-oracle: $(RLSTAMP)
+	$(THREADS) $(RLVENV)/bin/python -m pytest -q -p no:cacheprovider -rs tests/test_rl_replay_oracle.py
+
+# tdfunc.rl against torchrl in one process (compile_benchmarks/test_bench_rl.py): replay add and
+# sample in memory and on disk, GAE over a [64, 1024] rollout, the PPO update; paired rounds
+# with the A/A control, printed, and the JSON in compile_benchmarks/results/rl.json. In the
+# torchrl venv (torchrl needs tensordict 0.14); skipped where torchrl does not import. Full
+# size: buffers of 2**20 rows (1 GiB each, six of them) and 15 rounds, plus a 4-minute cold
+# compile of torchrl's GAE loop. Smaller: make bench-rl RL_ROWS=65536 RL_ROUNDS=5 (RL_ARGS:
+# more pytest arguments, e.g. RL_ARGS='-k "not torchrl_compiled"').
+RLBSTAMP := $(RLVENV)/.installed-bench
+RL_ROWS ?=
+RL_ROUNDS ?=
+RL_ARGS ?=
+
+$(RLBSTAMP): $(RLSTAMP)
+	$(RLVENV)/bin/python -m pip install -q 'pytest-benchmark>=4'
+	touch $@
+
+.PHONY: bench-rl
+bench-rl: $(RLBSTAMP)
+	mkdir -p compile_benchmarks/results
+	TDFUNC_BENCH_RL_ROWS=$(RL_ROWS) TDFUNC_BENCH_RL_ROUNDS=$(RL_ROUNDS) OMP_NUM_THREADS=1 \
+	MKL_NUM_THREADS=1 $(RLVENV)/bin/python -m pytest -q -p no:cacheprovider -s -rs \
+	--benchmark-json=compile_benchmarks/results/rl.json compile_benchmarks/test_bench_rl.py $(RL_ARGS)

@@ -13,8 +13,6 @@ Example:
     [1.0, 1.0, 1.0]
 """
 
-from __future__ import annotations
-
 import importlib
 from typing import Any
 
@@ -41,6 +39,7 @@ from .interop._tensordict import from_tensordict, to_tensordict
 from .memmap._errors import MemmapFormatError, StoreCleanupWarning, StoreReplacedError
 from .memmap._store import load, memmap_like, save
 from .memmap._tensor import MemoryMappedTensor
+from .memmap._write import write_at
 from .nn._functional import from_module, functional_call, stack_modules, state_dict
 from .tensordict import TensorDict
 
@@ -131,5 +130,6 @@ __all__ = [
     "to_tensordict",
     "value_and_grad",
     "while_loop",
+    "write_at",
     "zeros_like",
 ]

@@ -222,6 +222,18 @@ class Container(Node):
         )
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        # a store loaded read-write: name the call that writes into its file (deferred import:
+        # memmap sits on top of the core; this runs only on the way to the error)
+        from .memmap._write import writable_file
+
+        filename = writable_file(self)
+        if filename is not None and not (is_key(key) and key not in self):
+            hint = (
+                f"td[{key!r}][...] = value" if is_key(key) else "tdfunc.write_at(td, index, value)"
+            )
+            raise E.InPlaceError(
+                E.MUTATION_STORE.format(cls=type(self).__name__, filename=filename, hint=hint)
+            )
         hint = f"td = td.set({key!r}, value)" if is_key(key) else "td = td.at[index].set(value)"
         raise E.InPlaceError(
             E.MUTATION.format(cls=type(self).__name__, what="item assignment", hint=hint)

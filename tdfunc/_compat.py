@@ -28,6 +28,10 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | maybe_get_bdim                 | torch._C._functorch.maybe_get_bdim                     | ok   | ok   | ok   | none yet           |
 | maybe_get_level                | torch._C._functorch.maybe_get_level                    | ok   | ok   | ok   | none yet           |
 | add_batch_dim                  | torch._C._functorch._add_batch_dim                     | ok   | ok   | ok   | none yet           |
+| unwrap_for_grad                | torch._C._functorch._unwrap_for_grad                   | ok   | ok   | ok   | none yet           |
+| unwrap_batched                 | torch._C._functorch._unwrap_batched                    | ok   | ok   | ok   | none yet           |
+| functorch_level                | torch._C._functorch.peek_interpreter_stack,            | ok   | ok   | ok   | none yet           |
+|                                | torch._functorch.pyfunctorch.coerce_cinterpreter       |      |      |      |                    |
 | lazy_clone                     | torch._lazy_clone (aten._lazy_clone)                   | ok   | ok   | ok   | none yet           |
 | is_cow                         | torch._C._is_cow_tensor, torch._C._dispatch_keys       | ok   | (1)  | (1)  | none yet           |
 | is_alias_of                    | torch._C._is_alias_of                                  | ok   | ok   | ok   | none yet           |
@@ -256,6 +260,37 @@ maybe_get_bdim = _function(lambda: torch._C._functorch.maybe_get_bdim, _FUNCTORC
 maybe_get_level = _function(lambda: torch._C._functorch.maybe_get_level, _FUNCTORCH)
 #: wrap a tensor as batched at ``(bdim, level)`` (the inverse of ``get_unwrapped``)
 add_batch_dim = _function(lambda: torch._C._functorch._add_batch_dim, _FUNCTORCH)
+#: the tensor under a grad (or jvp) wrapper of ``level``; any other tensor as it is (Dynamo
+#: traces it, unlike ``get_unwrapped``)
+unwrap_for_grad = _function(lambda: torch._C._functorch._unwrap_for_grad, _FUNCTORCH)
+#: ``(tensor, bdim)`` under a batched wrapper of ``level``; any other tensor as it is, with
+#: ``None`` (Dynamo traces it, unlike ``get_unwrapped``)
+unwrap_batched = _function(lambda: torch._C._functorch._unwrap_batched, _FUNCTORCH)
+_peek_interpreter_stack = _function(lambda: torch._C._functorch.peek_interpreter_stack, _FUNCTORCH)
+_coerce_cinterpreter = _function(
+    lambda: _module("torch._functorch.pyfunctorch").coerce_cinterpreter, _FUNCTORCH
+)
+
+
+def functorch_level() -> int:
+    """The level of the innermost active functorch transform (``vmap``, ``grad``, ``jvp``...),
+    0 outside every transform. Levels count from 1 up to this one, one per active transform.
+
+    Read from the interpreter stack, which Dynamo traces (it answers with a constant and
+    guards on the stack); ``torch._C._functorch.maybe_current_level`` returns the same number
+    but Dynamo cannot put an int-returning call in a graph.
+
+    Example:
+        >>> import torch
+        >>> functorch_level()
+        0
+        >>> torch.func.grad(lambda x: x * functorch_level())(torch.ones(()))
+        tensor(1.)
+    """
+    if not functorch_transforms_active():
+        return 0
+    level: int = _coerce_cinterpreter(_peek_interpreter_stack()).level()
+    return level
 
 
 # --------------------------------------------------------------------------------------
@@ -589,6 +624,7 @@ __all__ = [
     "foreach_sqrt",
     "foreach_sub",
     "functional_collectives",
+    "functorch_level",
     "fused_adagrad_",
     "fused_adam_",
     "fused_adamw_",
@@ -616,4 +652,6 @@ __all__ = [
     "torch_scan",
     "torch_while_loop",
     "unary_foreach",
+    "unwrap_batched",
+    "unwrap_for_grad",
 ]

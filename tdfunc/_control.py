@@ -29,7 +29,7 @@ from torch import Tensor
 
 from . import _errors as E
 from ._compat import pytree, torch_scan, torch_while_loop
-from ._tree import is_node
+from ._tree import is_node, match_structure
 
 # Tags inside structure keys. Strings, so that a key is a tuple of plain constants that both
 # torch.compile and torch.fx (which records some operator outputs as graph arguments) accept.
@@ -137,6 +137,20 @@ def _unalias(outs: Sequence[Tensor], ins: Sequence[Tensor]) -> tuple[Tensor, ...
             o = o.clone()
         fixed.append(o)
     return tuple(fixed)
+
+
+def _in_order_of(expected: Any, got: Any) -> Any:
+    """``got`` with each container in the key order of its counterpart in ``expected``
+    (containers meet by key: a carry rebuilt with its keys in another order is the same
+    carry); anything else as it is, for :func:`_check_structure` to judge."""
+    if is_node(expected) and is_node(got):
+        m = match_structure(expected, got)
+        return got if m is None else m
+    if type(expected) is type(got) and type(got) in (tuple, list) and len(expected) == len(got):
+        return type(got)(_in_order_of(e, g) for e, g in zip(expected, got))
+    if type(expected) is type(got) is dict and list(expected) == list(got):
+        return {k: _in_order_of(expected[k], v) for k, v in got.items()}
+    return got
 
 
 def _check_structure(expected: Any, got: Any, what: str, expected_what: str) -> None:
@@ -270,6 +284,7 @@ def while_loop(
             out = tuple(out)
         elif not isinstance(out, tuple):
             out = (out,)
+        out = _in_order_of(ins, out)
         _check_structure(ins, out, "while_loop body_fn", "carried_inputs")
         return _unalias(pytree.tree_leaves(out), xs)
 
@@ -361,6 +376,7 @@ def scan(
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise TypeError(E.SCAN_PAIR.format(typ=type(out).__name__))
         new_c, y = out
+        new_c = _in_order_of(c, new_c)
         _check_structure(c, new_c, "scan combine_fn (next_carry)", "init")
         y_leaves, y_spec = _flatten(y, "scan combine_fn output y")
         leaves = _unalias(pytree.tree_leaves(new_c) + y_leaves, [*carry, *x])
@@ -399,13 +415,18 @@ def _scan_unrolled(
     carry = init
     ys: list[list[Tensor]] = []
     y_spec: pytree.TreeSpec | None = None
+    first_y: Any = None
     for i in range(n - 1, -1, -1) if reverse else range(n):
         x = pytree.tree_unflatten([t.select(dim, i).clone() for t in flat_xs], xs_spec)
         out = combine_fn(carry, x)
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise TypeError(E.SCAN_PAIR.format(typ=type(out).__name__))
         new_c, y = out
+        new_c = _in_order_of(init, new_c)
         _check_structure(init, new_c, "scan combine_fn (next_carry)", "init")
+        if first_y is None:
+            first_y = y
+        y = _in_order_of(first_y, y)
         y_leaves, spec = _flatten(y, "scan combine_fn output y")
         if y_spec is None:
             y_spec = spec

@@ -35,6 +35,7 @@ from torch import Tensor
 from . import _errors as E
 from ._compat import compiled_graphs, is_traceable_wrapper_subclass, pytree, trace_autograd
 from ._keys import fmt_key
+from ._ragged import layout_of, under_wrappers
 from ._tree import KeyPath, Node, is_node, leaves, leaves_with_paths
 
 
@@ -156,7 +157,7 @@ def _kind(t: Tensor) -> tuple[Any, ...]:
     """What an output must share with a donated tensor to be written into it: dtype, device,
     layout and ndim; for a DTensor also its mesh and placements (a copy between placements
     would redistribute, and the output would come back with the donor's layout)."""
-    key: tuple[Any, ...] = (t.dtype, t.device, t.layout, t.dim())
+    key: tuple[Any, ...] = (t.dtype, t.device, layout_of(t), t.dim())
     if is_traceable_wrapper_subclass(t):
         key += (type(t), getattr(t, "device_mesh", None), getattr(t, "placements", None))
     return key
@@ -198,14 +199,16 @@ def check_donated(
         if not is_node(x):
             raise TypeError(E.DONATE_NOT_CONTAINER.format(what=what, arg=i, typ=type(x).__name__))
         for t in leaves(x):
-            if type(t) is not Tensor:
+            base = under_wrappers(t)[0]  # a memory-mapped leaf under torch.func wrappers too
+            if type(base) is not Tensor:
                 from .memmap._tensor import MemoryMappedTensor
 
-                if isinstance(t, MemoryMappedTensor):
-                    if t.mode == "c":
+                if isinstance(base, MemoryMappedTensor):
+                    mode = base.mode
+                    if mode == "c":
                         raise ValueError(E.DONATE_MEMMAP_PRIVATE.format(what=what, at=at(i, t)))
-                    err = PermissionError if t.mode == "r" else ValueError
-                    raise err(E.DONATE_MEMMAP.format(what=what, at=at(i, t), mode=t.mode))
+                    err = PermissionError if mode == "r" else ValueError
+                    raise err(E.DONATE_MEMMAP.format(what=what, at=at(i, t), mode=mode))
             if t.requires_grad and not grad_ok:
                 raise ValueError(E.DONATE_REQUIRES_GRAD.format(what=what, at=at(i, t)))
             out.append((i, t))
@@ -332,7 +335,7 @@ def _warn_memmap_leaves(args: Sequence[Any], what: str) -> None:
         if not is_node(a):
             continue
         for path, t in leaves_with_paths(a):
-            if isinstance(t, MemoryMappedTensor):
+            if isinstance(under_wrappers(t)[0], MemoryMappedTensor):
                 warnings.warn(
                     E.COMPILE_MEMMAP_LEAVES.format(what=what, arg=i, key=fmt_key(path)),
                     UserWarning,

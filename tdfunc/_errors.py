@@ -1,6 +1,10 @@
 """Error message templates and exception types of the core, kept in one place so tests can assert on them."""
 
 MUTATION = "{cls} is immutable: {what} is not allowed. Use the functional form instead: {hint}."
+MUTATION_STORE = (
+    "{cls} is immutable: item assignment is not allowed. Its leaves are memory-mapped "
+    "read-write (mode='r+', file {filename!r}): write into the file with {hint}"
+)
 MISSING_KEY = "key {key!r} not found in {cls} (available keys: {available})"
 NOT_A_NODE = (
     "key {key!r} leads to a {kind}, not a nested container, so {rest!r} cannot be looked up"
@@ -81,6 +85,26 @@ INPLACE = (
     "The pure spelling returns a new container; rebind the name: {hint}"
 )
 NO_ATTRIBUTE = "{cls!r} object has no attribute {name!r}"
+
+
+class JaggedOpError(TypeError):
+    """An operation that torch does not define on a jagged leaf (``torch.nested``,
+    ``layout=torch.jagged``): the message names the key and the operation. A ``TypeError``.
+
+    Example:
+        >>> import tdfunc
+        >>> issubclass(tdfunc.JaggedOpError, TypeError)
+        True
+    """
+
+
+#: a container returned by ``torch.vmap`` over a jagged leaf's batch dim (``_tree``)
+JAGGED_VMAP_OUT = (
+    "key {key}: torch.vmap over the batch dim of a jagged (torch.nested) leaf returns its "
+    "rows as a nested tensor of the strided layout, which has no sizes: a container cannot "
+    "hold it; return each row reduced to one shape (a sum over the row...), or map another "
+    "argument (in_dims=None for the container)"
+)
 
 
 class InPlaceError(TypeError, AttributeError):

@@ -194,43 +194,57 @@ def set_path(node: Any, path: KeyPath, value: Any) -> Any:
     return node._tdf_set(k, set_path(sub, path[1:], value))
 
 
-def _group(paths: Any) -> tuple[set[str], dict[str, list[KeyPath]]]:
+def _group(paths: Any) -> tuple[set[str], dict[str, list[KeyPath]], list[str]]:
+    """The top-level keys asked for whole, the paths below each other key, and the top-level
+    keys in the order they were first named."""
     top: set[str] = set()
     nested: dict[str, list[KeyPath]] = {}
+    order: dict[str, None] = {}
     for p in paths:
+        order.setdefault(p[0], None)
         if len(p) == 1:
             top.add(p[0])
         else:
             nested.setdefault(p[0], []).append(p[1:])
-    return top, nested
+    return top, nested, list(order)
 
 
 def select(node: Any, paths: Any, strict: bool = True) -> Any:
-    """A new ``node`` with only the entries at ``paths`` (``KeyError`` for a missing one when
-    ``strict``).
+    """A new ``node`` with only the entries at ``paths``, in the order they were asked for
+    (tensordict's order; a nested node keeps the order of the paths below it), ``KeyError``
+    for a missing one when ``strict``. A container with fixed fields (tensorclass) keeps
+    its fields' order.
 
     Example:
         >>> import torch, tdfunc
         >>> td = tdfunc.TensorDict(a=torch.zeros(1), n={"b": torch.ones(1), "c": torch.ones(1)})
         >>> select(td, [("n", "b")]).keys(include_nested=True)
         [('n', 'b'), 'n']
+        >>> list(select(td, [("n",), ("a",)]).keys())
+        ['n', 'a']
     """
-    top, nested = _group(paths)
+    top, nested, order = _group(paths)
     keys = node._tdf_keys()
     if strict:
-        for k in (*top, *nested):
+        for k in order:
             if k not in keys:
                 raise KeyError(missing_message(node, (k,), 0))
     items = []
-    for k, v in zip(keys, node._tdf_children()):
+    for k in order:
+        v = node._tdf_get(k, MISSING)
+        if v is MISSING:
+            continue
         if k in top:
             items.append((k, v))
-        elif k in nested:
+        else:
             if not isinstance(v, Node):
                 raise KeyError(
                     E.NOT_A_NODE.format(key=(k,), kind=type(v).__name__, rest=nested[k][0])
                 )
             items.append((k, select(v, nested[k], strict)))
+    if not getattr(type(node), "_tdf_dict_layout", False):  # fixed fields: their own order
+        rank = {k: i for i, k in enumerate(keys)}
+        items.sort(key=lambda kv: rank[kv[0]])
     return node._tdf_with_items(items)
 
 
@@ -243,7 +257,7 @@ def exclude(node: Any, paths: Any) -> Any:
         >>> exclude(td, [("n", "b")]).keys(include_nested=True)
         ['a', 'n']
     """
-    top, nested = _group(paths)
+    top, nested, _ = _group(paths)
     items = []
     changed = False
     for k, v in zip(node._tdf_keys(), node._tdf_children()):

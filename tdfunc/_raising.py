@@ -25,6 +25,7 @@ _TYPES: dict[str, type[Exception]] = {
 
 _LIB = torch.library.Library("tdfunc", "FRAGMENT")
 _LIB.define("refuse(str kind, str message) -> ()")
+_LIB.define("refuse_if(Tensor cond, str kind, str message) -> ()")
 
 
 def _refuse_kernel(kind: str, message: str) -> None:
@@ -35,9 +36,21 @@ def _refuse_fake(kind: str, message: str) -> None:
     return None
 
 
+def _refuse_if_kernel(cond: torch.Tensor, kind: str, message: str) -> None:
+    if bool(cond.any()):
+        raise _TYPES[kind](message)
+
+
+def _refuse_if_fake(cond: torch.Tensor, kind: str, message: str) -> None:
+    return None
+
+
 _LIB.impl("refuse", _refuse_kernel, "CompositeExplicitAutograd")
 torch.library.register_fake("tdfunc::refuse", lib=_LIB)(_refuse_fake)
 torch.fx.node.has_side_effect(torch.ops.tdfunc.refuse.default)
+_LIB.impl("refuse_if", _refuse_if_kernel, "CompositeExplicitAutograd")
+torch.library.register_fake("tdfunc::refuse_if", lib=_LIB)(_refuse_if_fake)
+torch.fx.node.has_side_effect(torch.ops.tdfunc.refuse_if.default)
 
 
 def refuse(error: type[Exception], message: str) -> None:
@@ -63,4 +76,24 @@ def _traced_refuse(error: type[Exception], message: str) -> None:
     torch.ops.tdfunc.refuse(error.__name__, message)
 
 
-__all__ = ["refuse"]
+def refuse_if(cond: torch.Tensor, error: type[Exception], message: str) -> None:
+    """Raise ``error(message)`` when the boolean tensor ``cond`` holds a ``True``: a check of
+    values (an empty buffer, an index out of range) that a compiled program runs as a graph
+    op, with the type and message it has eagerly (one code path: the op runs in both).
+
+    ``error`` is one of the types :func:`refuse` takes. Reading ``cond`` waits for the
+    values (a device synchronisation on an accelerator).
+
+    Example:
+        >>> import torch
+        >>> refuse_if(torch.tensor(False), ValueError, "never raised")
+        >>> try:
+        ...     refuse_if(torch.tensor([False, True]), IndexError, "row 7 is out of range")
+        ... except IndexError as e:
+        ...     print(e)
+        row 7 is out of range
+    """
+    torch.ops.tdfunc.refuse_if(cond, error.__name__, message)
+
+
+__all__ = ["refuse", "refuse_if"]

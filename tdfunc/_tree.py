@@ -419,6 +419,69 @@ def same_structure(a: Any, b: Any) -> bool:
     return True
 
 
+def reorder_like(ref: Node, node: Node) -> Any | None:
+    """``node`` with the key order of ``ref`` at every level, or ``None`` when the two differ
+    in more than order (node types, key sets, static fields, nesting).
+
+    The one rule of containers that meet (arithmetic, comparisons, ``where``, ``stack``,
+    ``cat``, optimizers): leaves pair by key, never by position, and the result takes the
+    first operand's order. ``node`` itself comes back when its order is already ``ref``'s
+    (the common case costs one key comparison per node). A container with fixed fields
+    (tensorclass) has one order; only dict-layout nodes (``TensorDict``) are reordered.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> a = tdfunc.TensorDict(x=torch.zeros(1), y=torch.ones(1))
+        >>> b = tdfunc.TensorDict(y=torch.ones(1), x=torch.zeros(1))
+        >>> list(reorder_like(a, b).keys())
+        ['x', 'y']
+        >>> reorder_like(a, tdfunc.TensorDict(x=torch.zeros(1))) is None
+        True
+    """
+    if ref is node:
+        return node
+    if type(ref) is not type(node):
+        return None
+    kr, kn = ref._tdf_keys(), node._tdf_keys()
+    if kr != kn:
+        if len(kr) != len(kn) or set(kr) != set(kn):
+            return None
+        children = [node._tdf_get(k, None) for k in kr]
+    else:
+        children = list(node._tdf_children())
+    changed = kr != kn
+    for i, (x, y) in enumerate(zip(ref._tdf_children(), children)):
+        if isinstance(x, Node) and isinstance(y, Node):
+            z = reorder_like(x, y)
+            if z is None:
+                return None
+            if z is not y:
+                children[i] = z
+                changed = True
+    if not changed:
+        return node
+    return node._tdf_with_items(list(zip(kr, children)))
+
+
+def match_structure(ref: Node, node: Node) -> Any | None:
+    """``node`` paired with ``ref`` by key: ``node`` itself when both have the same structure,
+    ``node`` in ``ref``'s key order when only the order differs, ``None`` otherwise.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> a = tdfunc.TensorDict(x=torch.zeros(1), n={"p": torch.ones(1), "q": torch.ones(1)})
+        >>> b = tdfunc.TensorDict(n={"q": torch.ones(1), "p": torch.ones(1)}, x=torch.zeros(1))
+        >>> match_structure(a, b).keys(include_nested=True)
+        ['x', ('n', 'p'), ('n', 'q'), 'n']
+    """
+    if same_structure(ref, node):
+        return node
+    other = reorder_like(ref, node)
+    if other is None or other is node or not same_structure(ref, other):
+        return None
+    return other
+
+
 # --------------------------------------------------------------------------------------
 # pytree registration
 # --------------------------------------------------------------------------------------
@@ -546,6 +609,15 @@ def _check_vmap_input(leaf: Tensor, batch_dims: int, key: str) -> None:
     check_vmapped_dim(leaf, batch_dims, key)
 
 
+def _check_vmap_output(children: Sequence[Any], keys: Sequence[str]) -> None:
+    """A transform's output gained a dim: ``JaggedOpError`` for a child that is a nested
+    tensor of the strided layout, what ``torch.vmap`` returns for a jagged leaf it mapped
+    over its batch dim (rows of different lengths, without sizes: no container holds one)."""
+    for k, c in zip(keys, children):
+        if isinstance(c, Tensor) and c.is_nested and c.layout != torch.jagged:
+            raise E.JaggedOpError(E.JAGGED_VMAP_OUT.format(key=repr(k)))
+
+
 def _nonneg(n: int) -> int:
     """``max(n, 0)`` without the builtin: non-strict ``torch.export`` replaces ``max`` while
     it traces, and Dynamo (tracing ``tdfunc.cond`` inside such an export, torch 2.15) refuses
@@ -572,7 +644,13 @@ def derive_batch_size(children: Sequence[Any], ctx: tuple) -> torch.Size | None:
             new_bd = bd + moved
             if new_bd == bd - 1 and _is_batched(c):
                 _check_vmap_input(c, bd, ctx[0][i])
-            return c.shape[: _nonneg(new_bd)]
+            elif moved > 0:
+                _check_vmap_output(children, ctx[0])
+            if new_bd <= 0:
+                # no batch dim left: the sizes are not read (a jagged leaf that torch.vmap
+                # maps over its batch dim, one row per call, has none)
+                return torch.Size(())
+            return c.shape[:new_bd]
         if isinstance(c, Node):
             new_bd = bd + len(c._batch_size) - nd
             if new_bd == bd - 1:

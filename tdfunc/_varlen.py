@@ -21,7 +21,7 @@ from torch import Tensor
 from . import _ops as ops
 from ._keys import as_path, fmt_key, get_path
 from ._nontensor import NonTensor
-from ._ragged import JaggedOpError, is_jagged
+from ._ragged import JaggedOpError, is_jagged, usable
 from ._tree import is_node, leaves_and_nontensors, leaves_with_paths, map_leaves
 
 AS_JAGGED_EMPTY = "as_jagged needs at least one container"
@@ -73,7 +73,7 @@ def as_jagged(samples: Sequence[Any], keys: Sequence[Any] | None = None) -> Any:
         if len(s._batch_size) > 1:
             raise ValueError(AS_JAGGED_BATCH.format(index=i, got=tuple(s._batch_size)))
         if i:
-            ops.check_same_structure(first, s, "as_jagged")
+            samples[i] = ops.match_structure(first, s, "as_jagged")
     paths = [p for p, _ in leaves_with_paths(first)]
     forced = {as_path(k) for k in keys or ()}
     split = [leaves_and_nontensors(s) for s in samples]
@@ -122,16 +122,19 @@ def to_padded(node: Any, value: float = 0.0, mask_key: Any = "masks") -> Any:
     out = []
     masks: dict[Any, Tensor] = {}
     x: Any
-    for path, x in pairs:
+    for i, (path, x) in enumerate(pairs):
         if is_jagged(x):
-            if x._ragged_idx != 1:
+            # offsets and ragged dim read under the leaf's transform wrappers; a leaf that a
+            # transform maps or differentiates has no to_padded in torch: JaggedOpError
+            base = usable(x, node, i, "to_padded")
+            if base._ragged_idx != 1:
                 raise JaggedOpError(
                     f"key {fmt_key(path)}: to_padded needs the ragged dim at dim 1, "
-                    f"got {x._ragged_idx}"
+                    f"got {base._ragged_idx}"
                 )
             dense = x.to_padded_tensor(value)
             out.append(dense)
-            masks[path] = _mask(x, dense.shape[1])
+            masks[path] = _mask(base, dense.shape[1])
         else:
             out.append(x)
     result = map_leaves(node, out)
@@ -144,7 +147,8 @@ def to_padded(node: Any, value: float = 0.0, mask_key: Any = "masks") -> Any:
 
 
 def _mask(x: Any, width: int) -> Tensor:
-    """``True`` at the data of each row of a jagged tensor, ``(rows, width)``."""
+    """``True`` at the data of each row of jagged tensor ``x`` (not under transform
+    wrappers: :func:`tdfunc._ragged.jagged_base`), ``(rows, width)``."""
     off = x.offsets()
     lengths = x.lengths()
     lens = off[1:] - off[:-1] if lengths is None else lengths

@@ -554,3 +554,11 @@ register(TensorDict, _from_context, "tdfunc.TensorDict", pytree.MappingKey, optr
 # torch.load(weights_only=True) (used by torch.export.load for example inputs) may rebuild
 # TensorDicts: the rebuild function only re-assembles already-unpickled tensors.
 torch.serialization.add_safe_globals([TensorDict, _rebuild_tensordict])
+
+
+def __dir__() -> list[str]:
+    return []  # nothing public of its own (see __all__), not the names it imported
+
+
+#: nothing public of its own: the class's public home is the package (``tdfunc.TensorDict``)
+__all__: list[str] = []

@@ -27,7 +27,9 @@ def assert_close(
 ) -> None:
     """Assert two containers have the same structure, batch size and close leaves.
 
-    The error names the first differing key path.
+    Leaves are compared by key: the same keys in another order are equal (a container's
+    order is how it was built, not part of its value). The error names the first differing
+    key path.
 
     Example:
         >>> import torch, tdfunc
@@ -63,18 +65,18 @@ def assert_close(
         raise AssertionError(
             f"at {where}: batch_size {tuple(actual.batch_size)} != {tuple(expected.batch_size)}"
         )
+    # containers are compared by key: the same keys in another order are equal
     ka, kb = actual._tdf_keys(), expected._tdf_keys()
-    if ka != kb:
+    if set(ka) != set(kb):
         missing = [k for k in kb if k not in ka]
         extra = [k for k in ka if k not in kb]
-        raise AssertionError(
-            f"at {where}: keys differ: missing {missing}, extra {extra} (order {ka} vs {kb})"
-        )
+        raise AssertionError(f"at {where}: keys differ: missing {missing}, extra {extra}")
     sa = actual._tdf_static()
     sb = expected._tdf_static()
     if sa != sb:
         raise AssertionError(f"at {where}: static fields differ: {sa} != {sb}")
-    for k, x, y in zip(ka, actual._tdf_children(), expected._tdf_children()):
+    for k, x in zip(ka, actual._tdf_children()):
+        y = expected._tdf_get(k, None)
         assert_close(x, y, rtol=rtol, atol=atol, check_dtype=check_dtype, _path=(*_path, k))
 
 
@@ -86,6 +88,10 @@ def __getattr__(name: str) -> Any:
 
         return getattr(_launch, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return list(__all__)  # not the names this module imported for itself (torch, Any...)
 
 
 __all__ = ["RankError", "assert_close", "launch"]

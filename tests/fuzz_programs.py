@@ -1088,6 +1088,16 @@ def _compare(eager: Outcome, comp: Outcome, what: str) -> None:
 # --------------------------------------------------------------------------------------
 # program generation
 # --------------------------------------------------------------------------------------
+def _reordered(g: Gen, other: str) -> str:
+    """``other`` (an expression of ``x``'s structure), sometimes in the reverse key order
+    (a TensorDict only: a tensorclass has one order). Containers meet by key: the program's
+    value is the same either way, and its oracles are the same-order ones."""
+    v = g.v
+    if type(v) is not TensorDict or len(v.keys()) < 2 or not g.coin(3):
+        return other
+    return f"{other}.select(*reversed(x.keys()))"
+
+
 class Gen:
     """Draws the arguments of one op for the current value ``v``."""
 
@@ -1256,8 +1266,8 @@ def _leafwise_step(g: Gen, r: int) -> Step:
             and not g.edge
         ):
             other = "tdfunc.ones_like(x)"
-        src = f"x {op} {other}"
-        tsrc = src.replace("tdfunc.ones_like", "torch.ones_like")
+        tsrc = f"x {op} {other}".replace("tdfunc.ones_like", "torch.ones_like")
+        src = f"x {op} {_reordered(g, other)}"  # the other operand maybe in another key order
         return Step(src, "leaf", tsrc)
     if r == 5:  # unary
         choices = ["-x", "abs(x)", "x.abs()", "+x" if False else "x.clone()"]
@@ -1482,13 +1492,15 @@ def _shape_step(g: Gen, r: int) -> Step | None:
     if r == 11:
         copies = g.int(1, 3)
         d = g.dim(bd + 1)
-        items = ", ".join(["x"] * copies)
+        plain = ", ".join(["x"] * copies)
+        # a later element maybe in another key order (containers meet by key)
+        items = ", ".join(["x"] + [_reordered(g, "x") for _ in range(copies - 1)])
         if bd and g.coin():
             d = g.dim(bd)
             fn = g.pick(["tdfunc.cat", "torch.cat"])
-            return Step(f"{fn}([{items}], {d})", "shape", f"torch.cat([{items}], {d})")
+            return Step(f"{fn}([{items}], {d})", "shape", f"torch.cat([{plain}], {d})")
         fn = g.pick(["tdfunc.stack", "torch.stack"])
-        return Step(f"{fn}([{items}], {d})", "shape", f"torch.stack([{items}], {d})")
+        return Step(f"{fn}([{items}], {d})", "shape", f"torch.stack([{plain}], {d})")
     if r in (12, 13) and bd:
         d = g.dim(bd)
         s = bs[d]
@@ -1729,3 +1741,216 @@ _FAMILIES["mixed"] = [f for k in ("shape", "leaf", "key", "other") for f in _FAM
 
 def _too_big(v: Any) -> bool:
     return sum(t.numel() for _, t in leaf_items(v)) > 4000 or len(v.batch_size) > 6
+
+
+# --------------------------------------------------------------------------------------
+# jagged leaves under torch.func transforms
+# --------------------------------------------------------------------------------------
+# A *jagged program*: a batch of variable-length samples (``tdfunc.as_jagged``: jagged
+# leaves, 1-D rows or rows of features, maybe in a nested container, next to a stacked
+# leaf), a chain of 1-3 of the library's jagged ops, and a ``torch.func`` transform (or
+# none) of the loss ``w * sum(padded leaves)``, eager or compiled. Checked: the value, the
+# gradient and the padded leaves equal the run outside every transform, the gradient equals
+# the same loss on the padded leaves as plain tensors, the input is unchanged.
+def _jagged_op(name: str, arg: Any) -> Callable[[Any], Any]:
+    if name == "unary":
+        return lambda x: getattr(torch, arg)(x)
+    if name == "scale":
+        return lambda x: x * arg + 1
+    if name == "self":
+        return lambda x: x * x + x
+    if name == "rows":
+        return lambda x: x[torch.tensor(arg)]
+    if name == "slice":
+        return lambda x: x[arg[0] : arg[1]]
+    if name == "mask":
+        return lambda x: x[torch.tensor(arg)]
+    if name == "cat":
+        return lambda x: tdfunc.cat([x] + [x * (k + 2) for k in range(arg - 1)])
+    if name == "split":
+        return lambda x: tdfunc.cat(list(x.split(list(arg)))[::-1])
+    if name == "where":
+        return lambda x: torch.where(torch.tensor(arg), x, x * 0.5)
+    if name == "consolidate":
+        return lambda x: x.consolidate()
+    if name == "padded":
+        return lambda x: tdfunc.from_padded(tdfunc.to_padded(x, 0.0))
+    raise AssertionError(name)
+
+
+#: the transforms a jagged program is drawn under; ``(w, loss, x) -> (value, grad, aux)``
+#: (``None`` for what a transform does not give); the batch is never differentiated
+JAGGED_TRANSFORMS: dict[str, Callable[..., tuple[Any, Any, Any]]] = {
+    "grad": lambda w, f, x: (None, *torch.func.grad(f, has_aux=True)(w, x)),
+    "vjp": lambda w, f, x: _jagged_vjp(w, f, x),
+    "jacrev": lambda w, f, x: (None, *torch.func.jacrev(f, has_aux=True)(w, x)),
+    "vmap": lambda w, f, x: _first(torch.vmap(f, in_dims=(0, None))(torch.stack([w, w]), x)),
+    "vmap_of_grad": lambda w, f, x: _first_grad(
+        torch.vmap(torch.func.grad(f, has_aux=True), in_dims=(0, None))(torch.stack([w, w]), x)
+    ),
+    "value_and_grad": lambda w, f, x: _jagged_vag(w, f, x),
+    "none": lambda w, f, x: _jagged_none(w, f, x),
+}
+#: those that also compile with fullgraph=True (torch 2.13 compiles no forward mode over a
+#: padded jagged tensor)
+JAGGED_COMPILED = ("grad", "vjp", "vmap", "value_and_grad")
+
+
+def _jagged_none(w: Tensor, f: Callable[..., Any], x: Any) -> tuple[Any, Any, Any]:
+    value, aux = f(w, x)
+    return value, None, aux
+
+
+def _jagged_vjp(w: Tensor, f: Callable[..., Any], x: Any) -> tuple[Any, Any, Any]:
+    value, fn, aux = torch.func.vjp(lambda w: f(w, x), w, has_aux=True)
+    return value, fn(torch.ones_like(value))[0], aux
+
+
+def _jagged_vag(w: Tensor, f: Callable[..., Any], x: Any) -> tuple[Any, Any, Any]:
+    (value, aux), g = tdfunc.value_and_grad(f, has_aux=True)(w, x)
+    return value, g, aux
+
+
+def _first(out: Any) -> tuple[Any, Any, Any]:
+    values, aux = out
+    return values[0], None, tuple(a[0] for a in aux)
+
+
+def _first_grad(out: Any) -> tuple[Any, Any, Any]:
+    g, aux = out
+    return None, g[0], tuple(a[0] for a in aux)
+
+
+@dataclasses.dataclass(frozen=True)
+class JaggedProgram:
+    """A batch of samples of lengths ``lens`` (leaves: ``tok`` rows, ``feat`` rows of
+    ``feat`` features, maybe under ``n``; a stacked ``lab``), ops ``ops`` (name, argument),
+    a transform, compiled or not."""
+
+    lens: tuple[int, ...]
+    feat: int
+    dtype: str
+    nested: bool
+    ops: tuple[tuple[str, Any], ...]
+    transform: str
+    compiled: bool
+
+    def batch(self, seed: int) -> Any:
+        g = torch.Generator().manual_seed(seed)
+        dt = getattr(torch, self.dtype)
+
+        def sample(n: int) -> TensorDict:
+            feat = torch.randn(n, self.feat, generator=g, dtype=dt)
+            td = TensorDict(tok=torch.randn(n, generator=g, dtype=dt), lab=torch.randn(()))
+            return td.set(("n", "feat") if self.nested else "feat", feat)
+
+        return tdfunc.as_jagged([sample(n) for n in self.lens])
+
+    def loss(self, w: Tensor, x: Any) -> tuple[Tensor, tuple[Tensor, ...]]:
+        for name, arg in self.ops:
+            x = _jagged_op(name, arg)(x)
+        p = tdfunc.to_padded(x, 0.0)
+        out = tuple(p.get(k) for k in p.keys(include_nested=True, leaves_only=True))
+        return sum((t * w).sum() for t in out if t.is_floating_point()), out
+
+    def __str__(self) -> str:
+        ops = " -> ".join(f"{n}({a!r})" for n, a in self.ops)
+        how = "compiled " if self.compiled else ""
+        return (
+            f"jagged program: lens={self.lens} feat={self.feat} {self.dtype} "
+            f"nested={self.nested}: {ops}, under {how}{self.transform}"
+        )
+
+
+@st.composite
+def jagged_programs(draw: Any, compiled: bool = False) -> JaggedProgram:
+    """A random :class:`JaggedProgram` (its ops' arguments fit the batch each op sees)."""
+    lens = tuple(draw(st.lists(st.integers(0, 4), min_size=1, max_size=4)))
+    b = len(lens)
+    ops: list[tuple[str, Any]] = []
+    for _ in range(draw(st.integers(1, 3))):
+        name = draw(
+            st.sampled_from(
+                [
+                    *("unary", "scale", "self", "rows", "slice", "mask", "cat", "split"),
+                    *("where", "consolidate", "padded"),
+                ]
+            )
+        )
+        arg: Any = None
+        if name == "unary":
+            arg = draw(st.sampled_from(["sin", "exp", "neg", "abs", "tanh"]))
+        elif name == "scale":
+            arg = draw(st.sampled_from([2, -1, 0.5]))
+        elif name == "rows":
+            arg = draw(st.lists(st.integers(0, b - 1), min_size=1, max_size=4))
+            b = len(arg)
+        elif name == "slice":
+            start = draw(st.integers(0, b - 1))
+            stop = draw(st.integers(start + 1, b))
+            arg, b = (start, stop), stop - start
+        elif name in ("mask", "where"):
+            arg = draw(st.lists(st.booleans(), min_size=b, max_size=b))
+            if name == "mask" and not any(arg):
+                arg[draw(st.integers(0, b - 1))] = True
+            if name == "mask":
+                b = sum(arg)
+        elif name == "cat":
+            arg = draw(st.integers(2, 3))
+            b *= arg
+        elif name == "split":
+            cut = (
+                sorted(draw(st.lists(st.integers(1, b - 1), max_size=2, unique=True)))
+                if b > 1
+                else []
+            )
+            bounds = [0, *cut, b]
+            arg = tuple(bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1))
+        ops.append((name, arg))
+    transforms = JAGGED_COMPILED if compiled else tuple(JAGGED_TRANSFORMS)
+    return JaggedProgram(
+        lens,
+        draw(st.integers(1, 3)),
+        draw(st.sampled_from(["float32", "float64"])),
+        draw(st.booleans()),
+        tuple(ops),
+        draw(st.sampled_from(transforms)),
+        compiled,
+    )
+
+
+def check_jagged(prog: JaggedProgram) -> None:
+    """The program's value, gradient and padded leaves under its transform equal those
+    outside every transform (twice, compiled: new values, no recompile); the gradient equals
+    the same loss on the padded leaves as plain tensors; the input is unchanged."""
+    run = JAGGED_TRANSFORMS[prog.transform]
+    cc = CompileCounterWithBackend("eager")
+    if prog.compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(lambda w, x: run(w, prog.loss, x), backend=cc, fullgraph=True)
+    else:
+        fn = lambda w, x: run(w, prog.loss, x)  # noqa: E731
+    for seed in (0, 1) if prog.compiled else (0,):
+        x = prog.batch(seed)
+        before = [(t, t.values().clone() if t.is_nested else t.clone()) for t in x.leaves()]
+        want_value, want_aux = prog.loss(torch.tensor(1.0), x)
+        plain = [t.detach().clone() for t in want_aux if t.is_floating_point()]
+        w = torch.tensor(1.0, requires_grad=True)
+        (want_grad,) = torch.autograd.grad(sum((t * w).sum() for t in plain), w)
+        try:
+            value, g, aux = fn(torch.tensor(1.0), x)
+            if value is not None:
+                torch.testing.assert_close(value, want_value)
+            if g is not None:
+                torch.testing.assert_close(g, want_grad)
+            assert len(aux) == len(want_aux)
+            for a, b in zip(aux, want_aux):
+                assert a.dtype == b.dtype
+                torch.testing.assert_close(a, b.detach())
+            for (t, v), y in zip(before, x.leaves()):
+                assert t is y
+                assert torch.equal(y.values() if y.is_nested else y, v), "the input changed"
+        except Exception as e:
+            raise Failure(f"{prog} (seed {seed}): {type(e).__name__}: {e}") from e
+    if prog.compiled and cc.frame_count != 1:
+        raise Failure(f"{prog}: {cc.frame_count} frames for two calls, want 1")

@@ -388,6 +388,45 @@ def test_functorch_introspection_under_vmap_and_grad():
     assert seen["grad_inner_wrapped"] is False
 
 
+def test_functorch_level_and_unwrapping_one_level():
+    x = torch.arange(6.0).reshape(2, 3)
+    assert C.functorch_level() == 0
+    seen = {}
+
+    def inner(w, t):
+        seen["level"] = C.functorch_level()
+        seen["grad_unwrapped"] = C.unwrap_for_grad(t, seen["level"])
+        seen["other_level"] = C.unwrap_for_grad(t, seen["level"] + 1) is t
+        return w.sum()
+
+    torch.func.grad(inner)(torch.ones(()), x)
+    assert seen["level"] == 1
+    assert seen["grad_unwrapped"] is x
+    assert seen["other_level"]
+
+    def col(t):
+        level = C.functorch_level()
+        base, bdim = C.unwrap_batched(t, level)
+        seen["batched"] = (level, base is x, bdim)
+        return t
+
+    torch.vmap(col, in_dims=1)(x)
+    assert seen["batched"] == (1, True, 1)
+    # Dynamo traces all three (one graph, no break)
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    cc = CompileCounterWithBackend("eager")
+    f = torch.compile(
+        lambda w, t: torch.func.grad(
+            lambda w, t: (w * C.unwrap_for_grad(t, C.functorch_level())).sum()
+        )(w, t),
+        backend=cc,
+        fullgraph=True,
+    )
+    torch.testing.assert_close(f(torch.ones(()), x), x.sum())
+    assert cc.frame_count == 1
+
+
 def test_lazy_clone_and_is_cow():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

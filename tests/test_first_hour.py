@@ -339,7 +339,7 @@ def test_tensorclass_fashion_tutorial_port_gives_tensordict_values() -> None:
         targets=tdfunc.MemoryMappedTensor.empty((len(dataset),), dtype=torch.int64),
         batch_size=[len(dataset)],
     )
-    with pytest.raises(tdfunc.InPlaceError, match=re.escape("td.at[index].set(value)")):
+    with pytest.raises(tdfunc.InPlaceError, match=re.escape("tdfunc.write_at(td, index, value)")):
         data[0] = Ours(images=dataset[0][0].squeeze(), targets=torch.tensor(0), batch_size=[])
     for i, (image, target) in enumerate(dataset):
         data.images[i] = image.squeeze()  # the leaves are files opened "r+": writes go there

@@ -28,8 +28,10 @@ from fuzz_programs import (
     Step,
     check_compiled,
     check_eager,
+    check_jagged,
     check_vmap,
     example_count,
+    jagged_programs,
     programs,
 )
 from hypothesis import HealthCheck, Phase, given, settings
@@ -135,6 +137,43 @@ def test_a_correct_program_passes_every_check():
 
 
 # ------------------------------------------------------------------------------ findings
+_SPEC3 = NodeSpec(
+    "TensorDict",
+    (2, 3),
+    (
+        ("a", LeafSpec((2, 3, 4), "float32", 1)),
+        ("b", LeafSpec((2, 3), "float32", 4)),
+        ("n", NodeSpec("TensorDict", (2, 3, 2), (("c", LeafSpec((2, 3, 2), "float32", 2)),))),
+    ),
+)
+
+
+def test_operands_in_another_key_order_pass_every_check():
+    # the draws of the generator: a container operand, and stack / cat elements, in the
+    # reverse key order (containers meet by key; the oracles are the same-order programs)
+    prog = _prog(
+        _SPEC3,
+        Step("x * abs(x).select(*reversed(x.keys()))", "leaf", "x * abs(x)"),
+        Step(
+            "tdfunc.stack([x, x.select(*reversed(x.keys()))], 1)",
+            "shape",
+            "torch.stack([x, x], 1)",
+        ),
+        Step("x - x.select(*reversed(x.keys()))", "leaf", "x - x"),
+    )
+    check_eager(prog)
+    check_vmap(prog)
+    check_compiled(prog)
+
+
+def test_the_generator_draws_operands_in_another_key_order():
+    from hypothesis import find
+
+    prog = find(programs(), lambda p: any(".select(*reversed(x.keys()))" in s.src for s in p.steps))
+    check_eager(prog)
+    check_compiled(prog)
+
+
 def test_view_after_permute_checked_with_strides():
     """``view`` after ``permute`` raises on the container as on the permuted tensor; the step
     oracle (a fresh contiguous tensor) must not call that a mismatch."""
@@ -242,3 +281,18 @@ def test_reshape_after_mask_index_compiles():
         Step("x.reshape(())", "shape", "x.reshape(())"),
     )
     check_compiled(prog)
+
+
+# ------------------------------------------------------------------------------ jagged leaves
+# a batch of variable-length samples, a chain of jagged ops, under grad / vjp / jacrev / vmap
+# / value_and_grad (or none), eager and compiled: the values outside every transform
+@_settings(25)
+@given(jagged_programs())
+def test_fuzz_jagged_leaves_under_transforms(prog):
+    check_jagged(prog)
+
+
+@_settings(2)
+@given(jagged_programs(compiled=True))
+def test_fuzz_jagged_leaves_under_compiled_transforms(prog):
+    check_jagged(prog)

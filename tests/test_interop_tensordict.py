@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -314,3 +318,66 @@ def test_lazy_stack_of_tensorclasses_is_checked():
     back = from_tensordict(ok, Inner)
     assert type(back) is Inner
     assert back.v.tolist() == [[0.0] * 3, [1.0] * 3]
+
+
+# the first import of tensordict after a compile (to_tensordict imports it lazily): tensordict
+# registers pytree nodes and replaces functions of torch.vmap's internals, which Dynamo's
+# guards of compiled functions that traced them check; importing it before the first compile
+# (the guide's one-line remedy) leaves every compiled function as it was
+_FIRST_IMPORT = """
+import json, sys
+import torch
+from torch._dynamo.testing import CompileCounter
+import tdfunc
+if sys.argv[1] == "imported-first":
+    import tensordict
+assert ("tensordict" in sys.modules) == (sys.argv[1] == "imported-first")
+td = tdfunc.TensorDict(a=torch.ones(3), b={"c": torch.zeros(3, 2)}, batch_size=[3])
+programs = {
+    "arithmetic": lambda td: td * 2 + 1,
+    "vmap": lambda td: torch.vmap(lambda t: t * 2)(td),
+    "cond": lambda td: tdfunc.cond(td["a"].sum() > 0, lambda t: t + 1, lambda t: t - 1, (td,)),
+}
+compiled = {}
+for name, fn in programs.items():
+    counter = CompileCounter()
+    compiled[name] = (torch.compile(fn, backend=counter, fullgraph=True), counter)
+    compiled[name][0](td)
+    compiled[name][0](td)
+before = {name: counter.frame_count for name, (_, counter) in compiled.items()}
+assert set(before.values()) == {1}, before
+tdfunc.to_tensordict(td)
+assert "tensordict" in sys.modules
+for fn, _ in compiled.values():
+    fn(td)
+print(json.dumps({n: counter.frame_count - before[n] for n, (_, counter) in compiled.items()}))
+"""
+
+
+def _recompiles_after_to_tensordict(order: str) -> dict[str, int]:
+    """The frames each program compiles once tensordict is imported, in a new process (so that
+    its import really is the first): by ``to_tensordict`` after the programs were compiled,
+    or ``imported-first``, before."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _FIRST_IMPORT, order],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_importing_tensordict_after_a_compile_recompiles_what_traced_vmap_or_pytree_once():
+    got = _recompiles_after_to_tensordict("imported-by-to_tensordict")
+    assert got["arithmetic"] == 0
+    assert got["vmap"] <= 1
+    assert got["cond"] <= 1
+    assert got["vmap"] + got["cond"] > 0  # as docs/guides/migrating.md says
+
+
+def test_importing_tensordict_before_the_first_compile_recompiles_nothing():
+    got = _recompiles_after_to_tensordict("imported-first")
+    assert got == {"arithmetic": 0, "vmap": 0, "cond": 0}

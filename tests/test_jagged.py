@@ -168,10 +168,21 @@ def test_functional_call_passes_jagged_inputs():
     assert rows(out) == rows(m(td["tok"]))
 
 
-def test_vmap_over_a_container_with_a_jagged_leaf_is_refused_by_torch():
-    # torch.vmap has no rule for jagged inputs; tdfunc adds none
-    with pytest.raises((RuntimeError, NotImplementedError, ValueError)):
-        torch.vmap(lambda t: t * 2)(make())
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+def test_vmap_over_the_batch_dim_of_a_jagged_leaf():
+    # torch.vmap maps a jagged tensor over its batch dim (one row per call) and returns what
+    # it makes of the rows as a nested tensor of the strided layout, without sizes: a row
+    # reduced to one shape comes back; a container cannot hold the rows, and an op that
+    # needs them raises JaggedOpError naming the key (whatever the leaf's position)
+    for td in (make(), TensorDict(r=make()["r"], tok=make()["tok"], batch_size=[3])):
+        got = torch.vmap(lambda t: t["tok"].sum(0) * t["r"])(td)
+        want = torch.stack([row.sum(0) * r for row, r in zip(td["tok"].unbind(), td["r"])])
+        assert torch.allclose(torch.stack(got.unbind()), want)
+        with pytest.raises(JaggedOpError, match=r"key 'tok': torch\.vmap over the batch dim"):
+            torch.vmap(lambda t: t * 2)(td)
+        with pytest.raises(JaggedOpError, match=r"key 'tok': to_padded of a jagged .* torch\.vmap"):
+            torch.vmap(tdfunc.to_padded)(td)
 
 
 # ------------------------------------------------------------------ storage
@@ -235,6 +246,162 @@ def test_reader_checks_offsets_match_the_batch(tmp_path):
     (p / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(tdfunc.MemmapFormatError, match=re.escape("4 offsets do not match")):
         tdfunc.load(p)
+
+
+# a file's jagged leaf is one of the layouts torch builds, both formats, or a format error naming
+# the key: without lengths the offsets split the values whole (0 first, the values' length
+# last, never decreasing); with lengths (torch.nested.narrow, or offsets and lengths given
+# together) each row lies in its slot between its offset and the next
+def holes(lengths_dtype=torch.int64, start=(0, 1, 0), length=(2, 3, 1)):
+    """A jagged leaf with lengths as torch.nested.narrow builds it: 12 values, offsets
+    [0, 5, 8, 9] and lengths [2, 3, 1] by default."""
+    base = torch.arange(24.0).reshape(3, 4, 2)
+    x = torch.nested.narrow(
+        base, 1, torch.tensor(start), torch.tensor(length, dtype=lengths_dtype), layout=torch.jagged
+    )
+    return TensorDict(tok=x, batch_size=[3])
+
+
+def _forge_store(p, part, t):
+    """Store ``t`` as the ``part`` (values / offsets / lengths) of the jagged key 'tok' of the
+    store at ``p``: its bytes over the stored ones, its dtype and shape in the manifest."""
+    m = _manifest(p)
+    entry = m["root"]["children"]["tok"][part]
+    raw = t.contiguous().view(torch.uint8).numpy().tobytes()
+    assert len(raw) == entry["nbytes"]
+    with open(p / m["data_file"], "r+b") as f:
+        f.seek(entry["offset"])
+        f.write(raw)
+    entry.update(dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape))
+    (p / "manifest.json").write_text(json.dumps(m))
+
+
+def _forge_safetensors(f, part, t):
+    """Write ``t`` as the tensor ``tok.<part>`` of the safetensors file ``f`` (with the
+    safetensors package: a well-formed file whose tdfunc structure is unchanged)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(f), "pt") as r:
+        meta = r.metadata()
+        tensors = {k: r.get_tensor(k) for k in r.keys()}  # noqa: SIM118 (no __iter__)
+    tensors[f"tok.{part}"] = t
+    save_file(tensors, str(f), metadata=meta)
+
+
+def _forged(fmt, tmp_path, td, part, t):
+    """``td`` saved in format ``fmt`` with part ``part`` of key 'tok' replaced by ``t``; the
+    function that loads it and the error type it must raise."""
+    if fmt == "store":
+        tdfunc.save(td, tmp_path / "s")
+        _forge_store(tmp_path / "s", part, t)
+        return lambda: tdfunc.load(tmp_path / "s"), tdfunc.MemmapFormatError
+    pytest.importorskip("safetensors")
+    f = tmp_path / "x.safetensors"
+    tdfunc.save_safetensors(td, f)
+    _forge_safetensors(f, part, t)
+    return lambda: tdfunc.load_safetensors(f), tdfunc.SafetensorsFormatError
+
+
+FORGED = [
+    # no lengths: 9 values, offsets [0, 4, 6, 9]
+    ("plain", "offsets", torch.tensor([1, 4, 6, 9]), "start at 0 and end at 9"),
+    ("plain", "offsets", torch.tensor([0, 4, 6, 8]), "start at 0 and end at 9"),
+    ("plain", "offsets", torch.tensor([1, 4, 6, 8]), "start at 0 and end at 9"),
+    ("plain", "offsets", torch.tensor([0, 4, 2, 9]), "offsets decrease"),
+    ("plain", "offsets", torch.tensor([0, 6, 4, 9]), "offsets decrease"),
+    ("plain", "offsets", torch.tensor([0, 4, 6, 99]), "are not within the 9 value rows"),
+    ("plain", "offsets", torch.tensor([-1, 4, 6, 9]), "are not within the 9 value rows"),
+    ("plain", "offsets", torch.tensor([0.0, 4, 6, 9], dtype=torch.float64), "int64 or int32"),
+    ("plain", "offsets", torch.tensor([0, 4, 6, 9] * 4, dtype=torch.int16), "int64 or int32"),
+    ("plain", "offsets", torch.tensor([[0, 4], [6, 9]]), "offsets must be 1-D"),
+    # with lengths: 12 values, offsets [0, 5, 8, 9], lengths [2, 3, 1]
+    ("holes", "lengths", torch.tensor([2, 3, 2]), "runs past the next row's offset"),
+    ("holes", "lengths", torch.tensor([2, 3, 5]), "runs past the next row's offset"),
+    ("holes", "lengths", torch.tensor([6, 3, 1]), "runs past the next row's offset"),
+    ("holes", "lengths", torch.tensor([-1, 3, 1]), "a length is negative"),
+    ("holes", "lengths", torch.tensor([2.0, 3, 1], dtype=torch.float64), "lengths must be 1-D"),
+    ("holes", "lengths", torch.tensor([[2, 3, 1]]), "lengths must be 1-D"),
+    ("holes", "offsets", torch.tensor([0, 5, 8, 13]), "are not within the 12 value rows"),
+    ("holes", "offsets", torch.tensor([-1, 5, 8, 9]), "are not within the 12 value rows"),
+    ("holes", "offsets", torch.tensor([0, 5, 3, 9]), "offsets decrease"),
+    ("holes", "offsets", torch.tensor([0, 5, 8, 9], dtype=torch.float64), "int64 or int32"),
+]
+
+
+@pytest.mark.parametrize("fmt", ["store", "safetensors"])
+@pytest.mark.parametrize(("base", "part", "t", "problem"), FORGED)
+def test_a_forged_jagged_leaf_is_a_format_error_naming_the_key(
+    tmp_path, fmt, base, part, t, problem
+):
+    td = make() if base == "plain" else holes()
+    load, error = _forged(fmt, tmp_path, td, part, t)
+    with pytest.raises(error, match=re.escape(problem)) as e:
+        load()
+    assert "jagged leaf 'tok'" in str(e.value)
+
+
+LAYOUTS = {
+    "plain": make,
+    "holes": holes,
+    "narrow-after-0": lambda: holes(start=(1, 1, 1), length=(2, 2, 2)),  # offsets [1, 5, 9, 11]
+    "int32-lengths": lambda: holes(lengths_dtype=torch.int32),  # narrow keeps their dtype
+    "empty-holes": lambda: holes(start=(0, 0, 0), length=(0, 4, 0)),
+    "empty-rows": lambda: TensorDict(tok=njt((0, 3, 0)), batch_size=[3]),
+    "no-rows": lambda: TensorDict(tok=R.take_rows(njt(), torch.arange(0)), batch_size=[0]),
+    # torch's documented tensor with holes: its offsets end at the values' length
+    "documented-holes": lambda: TensorDict(
+        tok=torch.nested.nested_tensor_from_jagged(
+            torch.arange(6.0), torch.tensor([0, 2, 3, 6]), torch.tensor([1, 1, 2])
+        ),
+        batch_size=[3],
+    ),
+    "int32-offsets": lambda: TensorDict(
+        tok=torch.nested.nested_tensor_from_jagged(
+            torch.arange(6.0), torch.tensor([0, 2, 3, 6], dtype=torch.int32)
+        ),
+        batch_size=[3],
+    ),
+}
+
+
+@pytest.mark.parametrize("fmt", ["store", "safetensors"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_layout_torch_builds_loads_back(tmp_path, fmt, layout):
+    td = LAYOUTS[layout]()
+    if fmt == "store":
+        tdfunc.save(td, tmp_path / "s")
+        back = tdfunc.load(tmp_path / "s")
+    else:
+        pytest.importorskip("safetensors")
+        tdfunc.save_safetensors(td, tmp_path / "x.safetensors")
+        back = tdfunc.load_safetensors(tmp_path / "x.safetensors")
+    x, got = td["tok"], back["tok"]
+    assert rows(got) == rows(x)
+    for a, b in zip(R.jagged_parts(got), R.jagged_parts(x), strict=True):
+        assert a.dtype == b.dtype
+        assert torch.equal(a, b)
+    if x.shape[0]:
+        assert rows(back[0]["tok"]) == rows(x[0])  # an int index reads the first row
+
+
+@pytest.mark.parametrize(
+    ("offsets", "problem"),
+    [([1, 4, 6, 9], "start at 0 and end at 9"), ([0, 4, 2, 9], "offsets decrease")],
+)
+def test_save_refuses_a_jagged_leaf_a_load_would_refuse(tmp_path, offsets, problem):
+    # torch builds these without a check (and fails later, in unbind or split_with_sizes)
+    x = torch.nested.nested_tensor_from_jagged(torch.arange(9.0), torch.tensor(offsets))
+    td = TensorDict(tok=x, batch_size=[3])
+    with pytest.raises(ValueError, match=re.escape(problem)) as e:
+        tdfunc.save(td, tmp_path / "s")
+    assert "key 'tok'" in str(e.value)
+    assert not (tmp_path / "s").exists()
+    pytest.importorskip("safetensors")
+    with pytest.raises(ValueError, match=re.escape(problem)) as e:
+        tdfunc.save_safetensors(td, tmp_path / "x.safetensors")
+    assert "key 'tok'" in str(e.value)
+    assert not (tmp_path / "x.safetensors").exists()
 
 
 def test_memmap_like_refuses_jagged_leaves(tmp_path):

@@ -189,19 +189,38 @@ def test_functional_call_strict_missing_keys_raise_keyerror():
     assert m.calls == 0
 
 
+class Offset(nn.Module):
+    """A linear layer plus the sum of a buffer (whose shape the state may change)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.register_buffer("offset", torch.zeros(2))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.lin(x) + self.offset.sum()
+
+
 def test_functional_call_shapes_are_the_states():
-    """A tensor of another shape than the module's is the state's own and reaches the module
-    (as torch.func.functional_call gives it; torch's error if the module cannot use it); a
-    state stacked over modules outside torch.vmap is refused before any computation."""
-    m = Recording()
+    """A buffer of another shape than the module's is the state's own and reaches the module
+    (as torch.func.functional_call gives it: statistics that grow); a parameter of another
+    shape, or a state stacked over modules outside torch.vmap, is refused before any
+    computation."""
+    m = Offset()
     params = from_module(m).set(("lin", "weight"), torch.zeros(4, 3))
-    with pytest.raises(RuntimeError):  # torch's own, from F.linear: (4, 3) weight, (2,) bias
+    text = F.PARAM_SHAPE.format(key="lin.weight", got=(4, 3), expected=(2, 3))
+    with pytest.raises(ValueError, match=re.escape(text)) as refused:
         functional_call(m, params, (torch.randn(1, 3),))
-    assert m.calls == 1
-    grown = params.set(("lin", "bias"), torch.ones(4))
-    assert functional_call(m, grown, (torch.randn(1, 3),)).tolist() == [[1.0] * 4]
+    assert str(refused.value) == text
+    assert m.calls == 0
+    grown = from_module(m).set("offset", torch.ones(5)).set(("lin", "bias"), torch.ones(2))
+    x = torch.randn(1, 3)
+    expected = x @ m.lin.weight.detach().T + 6.0  # a bias of ones and a sum of five ones
+    torch.testing.assert_close(functional_call(m, grown, (x,)), expected)
     # a stacked TensorDict outside vmap: refused, naming what was found
-    m.calls = 0
+    m = Recording()
     stacked = stack_modules([Recording(), Recording()])
     expected = F.STACKED_STATE.format(n=2, key="lin.weight", got=(2, 2, 3), expected=(2, 3))
     with pytest.raises(ValueError, match=re.escape(expected)) as info:
@@ -212,6 +231,38 @@ def test_functional_call_shapes_are_the_states():
     with pytest.raises(ValueError, match=r"leading dim of size 3 .*key 'lin\.weight'"):
         functional_call(m, flat, (torch.randn(1, 3),))
     assert m.calls == 0
+
+
+def test_parameter_of_another_shape_is_refused_naming_the_key_and_both_shapes():
+    """Whatever the form of the state, the kept plan or the full path, under grad: the
+    ValueError names the key, the parameter's shape and the given one; the module never runs."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    x = torch.randn(2, 3)
+    good = from_module(m)
+    functional_call(m, good, (x,))  # a plan kept for this structure
+    bad = good.set(("0", "weight"), torch.zeros(5, 5))
+    text = F.PARAM_SHAPE.format(key="0.weight", got=(5, 5), expected=(4, 3))
+    forms = {
+        "container": bad,
+        "flat mapping": bad.flatten_keys(".").to_dict(),
+        "nested mapping": {"0": {"weight": torch.zeros(5, 5)}},
+        "tuple": (bad.exclude("2"), good.select("2")),
+    }
+    calls = []
+    handle = m.register_forward_pre_hook(lambda *_: calls.append(1))
+    for form, state in forms.items():
+        for _ in range(2):
+            with pytest.raises(ValueError, match=re.escape(text)) as info:
+                functional_call(m, state, (x,), return_state=True)
+            assert str(info.value) == text, form
+    with pytest.raises(ValueError, match=re.escape(text)) as info:
+        torch.func.grad(lambda p: functional_call(m, p, (x,)).sum())(bad)
+    assert str(info.value) == text
+    assert not calls
+    handle.remove()
+    # the same module with the right shapes afterwards
+    torch.testing.assert_close(functional_call(m, good, (x,)), m(x))
 
 
 def test_functional_call_bad_params_type_and_duplicates():
@@ -720,9 +771,8 @@ def test_plan_is_used_and_matches_the_full_path():
 
 def test_plan_checks_every_given_shape():
     """A state of the planned structure with a tensor of another shape: the plan is not taken
-    and the full path gives the tensor to the module as it is (torch's error from the module
-    here) (with and without a tie, and with a key the module does not have: the plan's two
-    ways of reading the leaves)."""
+    and the full path refuses the parameter, naming it (with and without a tie, and with a key
+    the module does not have: the plan's two ways of reading the leaves)."""
     torch.manual_seed(0)
     x = torch.randn(5, 3)
     m = mlp()
@@ -733,12 +783,13 @@ def test_plan_checks_every_given_shape():
     for key in (("0", "weight"), ("2", "bias")):
         bad = state.set(key, torch.zeros(7))
         assert not _planned(m, bad)
-        with pytest.raises(RuntimeError):  # torch's own, from the module's computation
+        text = F.PARAM_SHAPE.format(key=".".join(key), got=(7,), expected=tuple(state[key].shape))
+        with pytest.raises(ValueError, match=re.escape(text)):
             functional_call(m, bad, (x,))
     extra = {**dict(state.flatten_keys(".").items()), "not.a.key": torch.zeros(1)}
     functional_call(m, extra, (x,))
     assert _planned(m, extra)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match=r"key '2\.weight' is a parameter of shape \(2, 8\)"):
         functional_call(m, {**extra, "2.weight": torch.zeros(2, 2)}, (x,))
     assert_close(functional_call(m, extra, (x,)), _reference(m, state, x))
     assert_module_unchanged(m, before, objs)
@@ -747,7 +798,7 @@ def test_plan_checks_every_given_shape():
     both = dict(tied.state_dict())  # both names of the tied weight: one tensor
     functional_call(tied, both, (x,))
     assert _planned(tied, both)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match=r"key '1\.bias' is a parameter of shape \(3,\)"):
         functional_call(tied, {**both, "1.bias": torch.zeros(4)}, (x,))
     with pytest.raises(ValueError, match="tied weights"):
         functional_call(tied, {**both, "1.weight": torch.zeros(3, 3)}, (x,))
@@ -788,10 +839,10 @@ def test_plan_sees_a_replaced_submodule():
     before, objs = state_snapshot(m), _objs(m)
     assert_close(functional_call(m, state, (x,)), _reference(m, state, x))
     assert_module_unchanged(m, before, objs)
-    m[2] = nn.Linear(8, 4)  # another shape: the state's tensors are used as they are
-    flat = dict(state.flatten_keys(".").items())
-    expected = torch.func.functional_call(m, flat, (x,))
-    assert_close(functional_call(m, state, (x,)), expected)
+    m[2] = nn.Linear(8, 4)  # another shape: the state's parameter is refused
+    text = F.PARAM_SHAPE.format(key="2.weight", got=(2, 8), expected=(4, 8))
+    with pytest.raises(ValueError, match=re.escape(text)):
+        functional_call(m, state, (x,))
     assert m[2].weight.shape == (4, 8)
     assert old.weight.shape == (8, 3)
 
@@ -857,8 +908,10 @@ def test_plan_sees_a_parameter_replaced_in_place():
     before, objs = state_snapshot(m), _objs(m)
     assert_close(functional_call(m, state, (x,)), _reference(m, state, x))
     assert_module_unchanged(m, before, objs)
-    m[0].weight = nn.Parameter(torch.randn(6, 3))  # another shape: the state's is used
-    assert_close(functional_call(m, state, (x,)), _reference(m, state, x))
+    m[0].weight = nn.Parameter(torch.randn(6, 3))  # another shape: the state's is refused
+    text = F.PARAM_SHAPE.format(key="0.weight", got=(8, 3), expected=(6, 3))
+    with pytest.raises(ValueError, match=re.escape(text)):
+        functional_call(m, state, (x,))
     # a parameter turned into a plain attribute: the given tensor is an unknown key
     m[0].weight = nn.Parameter(torch.randn(8, 3))
     functional_call(m, state, (x,))

@@ -17,7 +17,7 @@ from torch.ao.quantization import FakeQuantize, PerChannelMinMaxObserver
 from torch.nn.utils import parametrizations
 
 from tdfunc import TensorDict, from_module, functional_call, stack_modules
-from tdfunc.nn._errors import STACKED_STATE, STATE_CREATED, STATE_WRITTEN
+from tdfunc.nn._errors import PARAM_SHAPE, STACKED_STATE, STATE_CREATED, STATE_WRITTEN
 
 
 # ----------------------------------------------------------------------------- state that grows
@@ -99,6 +99,28 @@ def test_state_whose_shape_changes_runs_ten_steps(
         assert frames[-1] == frames[1]  # none afterwards
 
 
+def test_state_whose_shape_changes_under_grad() -> None:
+    """Under torch.func.grad the state's tensors are functorch wrappers: a buffer's private
+    copy is still a copy (torch's copy-on-write clone breaks when ``resize_`` grows it)."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 8), per_channel_observer())
+    params = from_module(module, buffers=False).detach().clone()
+    buffers = from_module(module).exclude("0")
+    x = _inputs(1)[0]
+    ref = copy.deepcopy(module)
+    ref(x).sum().backward()
+
+    def loss(p: TensorDict, b: TensorDict) -> tuple[torch.Tensor, Any]:
+        out, new = functional_call(module, (p, b), (x,), return_state=True)
+        return out.sum(), new[1]
+
+    grads, new = torch.func.grad(loss, has_aux=True)(params, buffers)
+    torch.testing.assert_close(grads["0", "weight"], ref[0].weight.grad)
+    torch.testing.assert_close(new["1", "min_val"], ref[1].min_val)
+    torch.testing.assert_close(new["1", "max_val"], ref[1].max_val)
+    assert buffers["1", "min_val"].shape == (0,)  # the given state is not written
+
+
 def test_stacked_state_outside_vmap_names_what_it_found() -> None:
     nets = [nn.Linear(3, 2) for _ in range(4)]
     stacked = stack_modules(nets)
@@ -111,12 +133,17 @@ def test_stacked_state_outside_vmap_names_what_it_found() -> None:
         stacked, torch.ones(5, 3)
     )
     assert out.shape == (4, 5, 2)
-    # one tensor with another shape is the state's own: used as it is
+    # a parameter of another shape is refused, naming it; so are several
     state = from_module(nets[0]).set("bias", torch.zeros(4))
-    with pytest.raises(RuntimeError):  # torch's own error, from the module's computation
+    text = PARAM_SHAPE.format(key="bias", got=(4,), expected=(2,))
+    with pytest.raises(ValueError, match=re.escape(text)) as refused:
         functional_call(nets[0], state, (torch.ones(5, 3),))
+    assert str(refused.value) == text
     grown = from_module(nets[0]).set("weight", torch.zeros(5, 3)).set("bias", torch.zeros(5))
-    assert functional_call(nets[0], grown, (torch.ones(2, 3),)).shape == (2, 5)
+    text = PARAM_SHAPE.format(key="weight", got=(5, 3), expected=(2, 3))
+    with pytest.raises(ValueError, match=re.escape(text)) as refused:
+        functional_call(nets[0], grown, (torch.ones(2, 3),))
+    assert str(refused.value) == text
 
 
 def test_state_with_its_own_shapes_takes_the_kept_plan() -> None:
@@ -351,3 +378,74 @@ def test_refusal_keeps_its_type_and_message_under_compile(
     assert sorted(got) == sorted(expected)
     for k, v in expected.items():
         torch.testing.assert_close(got[k], v)
+
+
+# ----------------------------------------------------------------------------- parameter shapes
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+        self.register_buffer("offset", torch.zeros(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) + self.offset.sum()
+
+
+@pytest.mark.parametrize(
+    ("backend", "fullgraph"), [("eager", True), ("eager", False), ("aot_eager", True)]
+)
+def test_parameter_of_another_shape_is_refused_when_compiled(backend: str, fullgraph: bool) -> None:
+    """Eager's ValueError, type and message, raised by the compiled program itself (one
+    frame, no recompile for new values), also under a compiled torch.func.grad; a buffer of
+    another shape still reaches the module."""
+    torch.manual_seed(0)
+    module = Net()
+    x = torch.randn(2, 3)
+    state = from_module(module).detach().clone()
+    bad = state.set(("body", "0", "weight"), torch.zeros(5, 5))
+    text = PARAM_SHAPE.format(key="body.0.weight", got=(5, 5), expected=(4, 3))
+    cnt = CompileCounterWithBackend(backend)
+    fn = torch.compile(
+        lambda s, x: functional_call(module, s, (x,)), backend=cnt, fullgraph=fullgraph
+    )
+    for value in (0.0, 1.0):
+        with pytest.raises(ValueError, match=re.escape(text)) as refused:
+            fn(bad.set(("body", "0", "weight"), torch.full((5, 5), value)), x)
+        assert type(refused.value) is ValueError
+        assert str(refused.value) == text
+    assert cnt.frame_count == 1
+
+    def loss(p: TensorDict, b: TensorDict, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(module, (p, b), (x,)).sum()
+
+    params, buffers = bad.exclude("offset"), bad.select("offset")
+    grad = torch.compile(torch.func.grad(loss), backend=backend, fullgraph=fullgraph)
+    with pytest.raises(ValueError, match=re.escape(text)) as refused:
+        grad(params, buffers, x)
+    assert str(refused.value) == text
+    # a buffer of another shape is the state's own (compiled as eagerly)
+    grown = state.set("offset", torch.ones(5))
+    torch.testing.assert_close(fn(grown, x), functional_call(module, grown, (x,)))
+    torch.testing.assert_close(fn(grown, x), module.body(x) + 5.0)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_ensemble_parameters_are_checked_per_call(compiled: bool) -> None:
+    """Under torch.vmap each call sees one member's parameters: an ensemble of stacked
+    modules runs; a stacked parameter whose per-call shape is not the module's is refused
+    with the per-call shapes."""
+    torch.manual_seed(0)
+    nets = [Net() for _ in range(3)]
+    stacked = stack_modules(nets)
+    x = torch.randn(2, 3)
+    fn = torch.vmap(lambda s, x: functional_call(nets[0], s, (x,)), in_dims=(0, None))
+    if compiled:
+        fn = torch.compile(fn, backend="eager", fullgraph=True)
+    out = fn(stacked, x)
+    for i, net in enumerate(nets):
+        torch.testing.assert_close(out[i], net(x))
+    bad = stacked.set(("body", "2", "weight"), torch.zeros(3, 4, 2))
+    text = PARAM_SHAPE.format(key="body.2.weight", got=(4, 2), expected=(2, 4))
+    with pytest.raises(ValueError, match=re.escape(text)) as refused:
+        fn(bad, x)
+    assert str(refused.value) == text

@@ -171,7 +171,7 @@ def test_elementwise_ops_pass_non_tensor_leaves_through():
 
 def test_key_ops():
     td = make()
-    assert td.select("text", "r").keys() == ["r", "text"]
+    assert td.select("text", "r").keys() == ["text", "r"]  # the order asked for
     assert td.exclude("text", "prompt").keys() == ["r", "obs"]
     assert td.set("text", "new")["text"] == "new"
     assert td.set("prompt", ["p", "q", "r", "s"])[2]["prompt"] == "r"

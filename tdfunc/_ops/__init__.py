@@ -98,8 +98,9 @@ from ._structure import _needs_a_batch_dim as _needs_a_batch_dim
 from ._structure import _starts_with_batch_symbolic as _starts_with_batch_symbolic
 from ._structure import _type_tree as _type_tree
 from ._structure import check_batch_invariant as check_batch_invariant
-from ._structure import check_same_structure as check_same_structure
 from ._structure import known_equal as known_equal
+from ._structure import match_operands as match_operands
+from ._structure import match_structure as match_structure
 from ._structure import norm_dim as norm_dim
 from ._structure import put_flat as put_flat
 from ._structure import starts_with_batch as starts_with_batch

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from .. import _errors as E
 from .._compat import pad_sequence_op
+from .._ragged import layout_of
 from .._ragged import refuse as refuse_jagged
 from .._tree import is_node, leaves, leaves_and_nontensors, map_leaves
 from ._indexing import index
@@ -49,7 +50,7 @@ from ._math import elementwise
 from ._pointwise import align_to_batch
 from ._pointwise import rule_for as _pointwise_rule
 from ._shape import _map_shape, expand, squeeze, unsqueeze
-from ._structure import check_batch_invariant, check_same_structure, norm_dim, refuse_per_sample
+from ._structure import check_batch_invariant, match_structure, norm_dim, refuse_per_sample
 
 # --------------------------------------------------------------------------------------
 # schemas: what each argument of a torch function is
@@ -369,8 +370,7 @@ def _lift(
             continue
         v = _get(args, kw, i, n)
         if is_node(v):
-            check_same_structure(node, v, name)
-            slots.append((i, n, leaves(v), False))
+            slots.append((i, n, leaves(match_structure(node, v, name)), False))
         elif i in sig.aligned and _is_tensor(v):
             if v.ndim != bd:
                 raise ValueError(
@@ -551,8 +551,7 @@ def pad_sequence(
     """
     nodes = list(sequences)
     first = nodes[0]
-    for n in nodes[1:]:
-        check_same_structure(first, n, "pad_sequence")
+    nodes = [first, *(match_structure(first, n, "pad_sequence") for n in nodes[1:])]
     for n in nodes:
         if not n._batch_size:
             raise RuntimeError(E.NEEDS_A_BATCH_DIM.format(op="pad_sequence"))
@@ -570,14 +569,15 @@ def pad_sequence(
 
 
 def common_layout(node: Any) -> torch.layout | None:
-    """The layout of every leaf (``torch.strided`` without leaves), ``None`` when they differ.
+    """The layout of every leaf (``torch.strided`` without leaves), ``None`` when they differ;
+    a leaf's layout is asked under its ``torch.func`` / ``torch.vmap`` wrappers.
 
     Example:
         >>> import torch, tdfunc
         >>> common_layout(tdfunc.TensorDict(a=torch.zeros(2)))
         torch.strided
     """
-    found = {x.layout for x in leaves(node)}
+    found = {layout_of(x) for x in leaves(node)}  # asked under transform wrappers
     if not found:
         return torch.strided
     return found.pop() if len(found) == 1 else None

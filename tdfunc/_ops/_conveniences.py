@@ -37,7 +37,7 @@ from .._nontensor import NonTensor
 from .._tree import KeyPath, Node, has_leaves, leaves, map_leaves
 from ._indexing import index
 from ._shape import _shape_arg
-from ._structure import check_same_structure
+from ._structure import match_structure
 
 
 # ------------------------------------------------------------------------------ reading
@@ -450,7 +450,7 @@ def new_tensor(
 
     dev = node._device if device is None else torch.device(device)
     if isinstance(data, Node):
-        check_same_structure(node, data, "new_tensor")
+        data = match_structure(node, data, "new_tensor")
         out = [make(x, y) for x, y in zip(leaves(node), leaves(data))]
         return map_leaves(data, out, None, dev)
     out = [make(x, data) for x in leaves(node)]

@@ -18,7 +18,7 @@ from .._compat import is_batchedtensor
 from .._tree import is_node, leaves, map_leaves
 from ._math import as_operand
 from ._shape import _map_shape
-from ._structure import check_same_structure
+from ._structure import match_structure
 
 _is_batched = is_batchedtensor
 
@@ -124,7 +124,7 @@ def index_update(node: Any, idx: Any, value: Any, op: str = "set") -> Any:
     parts = normalize_index(idx, node._batch_size)
     ls = leaves(node)
     if is_node(value):
-        check_same_structure(node, value, "at[...].set")
+        value = match_structure(node, value, "at[...].set")
         vs: Sequence[Any] = leaves(value)
     else:
         value = as_operand(value)

@@ -28,9 +28,10 @@ from .._compat import (
     functorch_transforms_active,
     is_batchedtensor,
 )
+from .._ragged import has_jagged
 from .._tree import is_node, leaves, with_leaves
 from .._twins import traced_as
-from ._structure import check_batch_invariant, check_same_structure
+from ._structure import check_batch_invariant, match_operands, match_structure
 
 _is_batched = is_batchedtensor
 #: not ``torch.is_grad_enabled()`` in traced code: a caller's frame that reaches ``torch``
@@ -150,10 +151,6 @@ def as_operand(x: Any) -> Any:
     return x
 
 
-#: ``x.is_nested``, read as ``requires_grad`` is (no Python attribute lookup per leaf)
-_is_nested = operator.attrgetter("is_nested")
-
-
 def _can_foreach(ls: list[Tensor]) -> bool:
     """One ``torch._foreach_*`` call is valid: leaves are not vmapped (foreach has no batching
     rule) and, when autograd records, share one dtype (foreach autograd rejects mixed lists
@@ -161,11 +158,12 @@ def _can_foreach(ls: list[Tensor]) -> bool:
 
     Eagerly no leaf is checked for vmap while no functorch transform is active, and the
     attributes are read through C getters (20 leaves: 2.4 -> 0.9 us); Dynamo traces the twin
-    below, which reads the same facts leaf by leaf. A jagged leaf (``torch.nested``) has no
-    foreach kernels: the leaves of its container go one by one."""
+    below, which reads the same facts leaf by leaf. A jagged leaf (``torch.nested``, asked
+    under its transform wrappers: ``_ragged.has_jagged``) has no foreach kernels: the leaves
+    of its container go one by one."""
     if not ls or (functorch_transforms_active() and any(map(_is_batched, ls))):
         return False
-    if any(map(_is_nested, ls)):
+    if has_jagged(ls):
         return False
     if _is_grad_enabled() and any(map(_requires_grad, ls)):
         d = ls[0].dtype
@@ -175,7 +173,7 @@ def _can_foreach(ls: list[Tensor]) -> bool:
 
 @traced_as(_can_foreach)
 def _can_foreach_traced(ls: list[Tensor]) -> bool:
-    if not ls or any(map(_is_batched, ls)) or any(x.is_nested for x in ls):
+    if not ls or any(map(_is_batched, ls)) or has_jagged(ls):
         return False
     if _is_grad_enabled() and any(x.requires_grad for x in ls):
         d = ls[0].dtype
@@ -196,7 +194,7 @@ def binary(op: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
         [3.0, 3.0]
     """
     if is_node(a) and is_node(b):
-        check_same_structure(a, b, f"{getattr(op, '__name__', op)}")
+        b = match_structure(a, b, f"{getattr(op, '__name__', op)}")
         la, lb = leaves(a), leaves(b)
         f = _FOREACH.get(op)
         if (
@@ -267,12 +265,8 @@ def elementwise(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str,
         >>> elementwise(operator.mul, (td, torch.tensor([1.0, 2.0])), {})["a"].tolist()
         [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
     """
-    nodes = [a for a in args if is_node(a)]
-    if kwargs:
-        nodes += [v for v in kwargs.values() if is_node(v)]
+    args, kwargs, nodes = match_operands(args, kwargs, getattr(func, "__name__", "op"))
     ref = nodes[0]
-    for n in nodes[1:]:
-        check_same_structure(ref, n, getattr(func, "__name__", "op"))
     bs = ref._batch_size
     plain = [i for i, a in enumerate(args) if _is_plain(a)]
     kplain = [k for k, v in kwargs.items() if _is_plain(v)] if kwargs else []

@@ -23,7 +23,7 @@ from .. import _errors as E
 from .._keys import as_path, fmt_key, set_path, walk
 from .._tree import leaves, map_leaves
 from ._batchdim import pad as _pad_last_first
-from ._structure import check_batch_invariant, check_same_structure
+from ._structure import check_batch_invariant, match_structure
 
 
 def pad(
@@ -150,8 +150,7 @@ def pad_sequence(
         masks_at = as_path(return_mask)
     if masks_at is not None and not getattr(type(first), "_tdf_dict_layout", False):
         raise TypeError(E.PAD_SEQUENCE_MASK_CLASS.format(cls=type(first).__name__))
-    for n in nodes[1:]:
-        check_same_structure(first, n, "pad_sequence")
+    nodes = [first, *(match_structure(first, n, "pad_sequence") for n in nodes[1:])]
     paths = []
     for path, v in walk(first, leaves_only=True):
         if not isinstance(v, Tensor):

@@ -40,10 +40,11 @@ from torch import Tensor
 from .._compat import OpOverload, OpOverloadPacket, unary_foreach
 from .._ragged import align as jagged_align
 from .._ragged import call_aligned as jagged_call_aligned
+from .._ragged import has_jagged, is_jagged
 from .._tree import flat_leaves, is_node, leaves, rebuild_flat, with_leaves
 from .._twins import constant_when_traced, traced_as
 from ._math import _can_foreach, check_plain_operand, fits_batch
-from ._structure import check_batch_invariant, check_same_structure
+from ._structure import check_batch_invariant, match_operands
 
 #: ``isinstance(x, Tensor)`` under another name: traced code that also reads ``_tree``'s
 #: ``Tensor`` would reach one class through two module globals, which Dynamo guards with a
@@ -404,9 +405,12 @@ def _one_container(
     once), with the leaf put in place: no per-leaf list or dict is built."""
     calls: dict[int, tuple[list[Any], dict[str, Any]]] = {}
     out = []
-    for leaf in ls:
-        if (views or kviews) and leaf.is_nested:  # a jagged leaf: masks as jagged tensors
-            out.append(jagged_call_aligned(func, leaf, args, kwargs, pos, views, kviews))
+    jagged = bool(views or kviews) and has_jagged(ls)
+    for j, leaf in enumerate(ls):
+        if jagged and is_jagged(leaf):  # a jagged leaf: masks as jagged tensors
+            out.append(
+                jagged_call_aligned(func, leaf, args, kwargs, pos, views, kviews, args[pos], j)
+            )
             continue
         nd = leaf.ndim
         call = calls.get(nd)
@@ -449,12 +453,8 @@ def lift(
     """
     if len(args) == 1 and not kwargs and name in unary_foreach:
         return unary(name, args[0])
-    nodes = [a for a in args if is_node(a)]
-    if kwargs:
-        nodes += [v for v in kwargs.values() if is_node(v)]
+    args, kwargs, nodes = match_operands(args, kwargs, name)
     ref = nodes[0]
-    for n in nodes[1:]:
-        check_same_structure(ref, n, name)
     ls = leaves(ref)
     bs = ref._batch_size
     views, kviews = _aligned(args, kwargs, mask_pos, mask_names, bs, name)
@@ -485,16 +485,25 @@ def lift(
                 return v
 
             out = []
+            any_jagged = has_jagged(ls)
             for j, leaf in enumerate(ls):
                 a = [c[j] if c is not None else v for v, c in zip(args, acols)]
-                jagged = leaf.is_nested  # masks as jagged tensors of its rows
+                jagged = any_jagged and is_jagged(leaf)  # masks as jagged tensors of its rows
                 for i, lead in views:
                     m = args[i]
-                    a[i] = jagged_align(m, lead, leaf) if jagged else view(m, i, lead, leaf.ndim)
+                    a[i] = (
+                        jagged_align(m, lead, leaf, ref, j)
+                        if jagged
+                        else view(m, i, lead, leaf.ndim)
+                    )
                 kw = {k: (kcols[k][j] if k in kcols else v) for k, v in kwargs.items()}
                 for k, lead in kviews:
                     m = kwargs[k]
-                    kw[k] = jagged_align(m, lead, leaf) if jagged else view(m, k, lead, leaf.ndim)
+                    kw[k] = (
+                        jagged_align(m, lead, leaf, ref, j)
+                        if jagged
+                        else view(m, k, lead, leaf.ndim)
+                    )
                 out.append(func(*a, **kw))
     if out and isinstance(out[0], tuple):
         return _tuple_result(ref, out)

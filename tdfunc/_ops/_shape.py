@@ -16,7 +16,7 @@ from torch import Tensor
 from .. import _errors as E
 from .. import _nontensor as nontensor
 from .._nontensor import NonTensor
-from .._ragged import has_jagged
+from .._ragged import has_jagged, is_jagged
 from .._ragged import map_batch as jagged_map_batch
 from .._tree import leaves_and_nontensors, map_leaves
 from ._structure import _needs_a_batch_dim, norm_dim
@@ -29,7 +29,7 @@ def _probe(node: Any) -> tuple[Tensor, int]:
     """
     for v in node._tdf_children():
         if isinstance(v, Tensor):
-            if not v.is_nested:  # a jagged leaf's shape holds a ragged size: not a probe
+            if not is_jagged(v):  # a jagged leaf's shape holds a ragged size: not a probe
                 return v, v.ndim - len(node._batch_size)
         elif v is not None and not isinstance(v, NonTensor):
             t, _ = _probe(v)
@@ -62,7 +62,8 @@ def _map_shape(
     if ls:
         if has_jagged(ls):
             out = [
-                jagged_map_batch(x, fn, node, i) if x.is_nested else fn(x) for i, x in enumerate(ls)
+                jagged_map_batch(x, fn, node, i) if is_jagged(x) else fn(x)
+                for i, x in enumerate(ls)
             ]
         else:
             out = [fn(x) for x in ls]

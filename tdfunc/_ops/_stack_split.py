@@ -15,16 +15,17 @@ from .. import _nontensor as nontensor
 from .._keys import fmt_key
 from .._nontensor import NonTensor
 from .._ragged import cat as jagged_cat
+from .._ragged import has_jagged, is_jagged
 from .._ragged import refuse as refuse_jagged
 from .._ragged import split as jagged_split
 from .._tree import leaves, leaves_and_nontensors, leaves_with_paths, map_leaves
 from ._shape import _probe
-from ._structure import _needs_a_batch_dim, check_same_structure, norm_dim
+from ._structure import _needs_a_batch_dim, match_structure, norm_dim
 
 
-def _same_structure(nodes: Sequence[Any], op: str) -> None:
-    for n in nodes[1:]:
-        check_same_structure(nodes[0], n, op)
+def _same_structure(nodes: Sequence[Any], op: str) -> list[Any]:
+    first = nodes[0]
+    return [first, *(match_structure(first, n, op) for n in nodes[1:])]
 
 
 def _check_leaf_shapes(
@@ -39,7 +40,7 @@ def _check_leaf_shapes(
         for j, (sa, b) in enumerate(zip(ref, ls)):
             sb = b.shape
             ok = sa == sb  # the common case; cat then compares all dims but skip_dim
-            if not ok and b.is_nested and columns[0][j].is_nested and skip_dim == 0:
+            if not ok and skip_dim == 0 and is_jagged(b) and is_jagged(columns[0][j]):
                 ok = len(sa) == len(sb) and sa[2:] == sb[2:]  # the ragged dim may differ
             if not ok and skip_dim is not None:
                 ok = (
@@ -70,7 +71,7 @@ def stack(nodes: Sequence[Any], dim: int = 0) -> Any:
     first = nodes[0]
     bs = first._batch_size
     d = norm_dim(dim, len(bs) + 1, bs)
-    _same_structure(nodes, "stack")
+    nodes = _same_structure(nodes, "stack")
     for i, n in enumerate(nodes):
         if n._batch_size != bs:
             raise ValueError(
@@ -105,7 +106,7 @@ def cat(nodes: Sequence[Any], dim: int = 0) -> Any:
     first = nodes[0]
     bs = first._batch_size
     d = norm_dim(dim, len(bs), bs)
-    _same_structure(nodes, "cat")
+    nodes = _same_structure(nodes, "cat")
     for i, n in enumerate(nodes):
         nb = n._batch_size
         if len(nb) != len(bs) or any(a != b for j, (a, b) in enumerate(zip(nb, bs)) if j != d):
@@ -115,8 +116,9 @@ def cat(nodes: Sequence[Any], dim: int = 0) -> Any:
     split = [leaves_and_nontensors(n) for n in nodes]
     columns = [ls for ls, _ in split]
     _check_leaf_shapes(nodes, columns, "cat", d)
+    jagged = has_jagged(columns[0])
     out = [
-        jagged_cat(c, first, j) if c[0].is_nested else torch.cat(c, d)
+        jagged_cat(c, first, j) if jagged and is_jagged(c[0]) else torch.cat(c, d)
         for j, c in enumerate(zip(*columns))
     ]
     new_bs = bs[:d] + torch.Size([sum(n._batch_size[d] for n in nodes)]) + bs[d + 1 :]
@@ -199,9 +201,11 @@ def split(node: Any, split_size: int | Sequence[int], dim: int = 0) -> tuple[Any
     # torch.split's annotation says list[int]; it takes any sequence of ints
     sizes = [p.shape[d] for p in torch.split(probe, split_size, d)]  # type: ignore[arg-type]
     # the probe validated split_size; split_with_sizes skips re-deriving the sizes per leaf
+    ls = leaves(node)
+    jagged = has_jagged(ls)
     pieces = [
-        jagged_split(x, sizes, node, j) if x.is_nested else x.split_with_sizes(sizes, d)
-        for j, x in enumerate(leaves(node))
+        jagged_split(x, sizes, node, j) if jagged and is_jagged(x) else x.split_with_sizes(sizes, d)
+        for j, x in enumerate(ls)
     ]
     shapes = [bs[:d] + torch.Size([s]) + bs[d + 1 :] for s in sizes]
     return _split_results(

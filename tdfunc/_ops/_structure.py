@@ -1,5 +1,5 @@
 """Checks and helpers shared by every op over nodes: batch-dim normalisation, the one
-structure check of ops that combine containers (:func:`check_same_structure`), the
+structure check of ops that combine containers (:func:`match_structure`: leaves pair by key), the
 batch-size invariant of results (:func:`check_batch_invariant`), batch-size comparisons that
 stay traceable under ``torch.compile`` (:func:`starts_with_batch`, :func:`known_equal`), and
 flat names of key paths (:func:`to_state_dict`, :func:`put_flat`).
@@ -19,7 +19,8 @@ from .. import _errors as E
 from .._compat import check
 from .._keys import KeyPath, fmt_key
 from .._nontensor import NONTENSOR_ALONG_BATCH, NonTensor
-from .._tree import Node, leaves_with_paths, same_structure
+from .._tree import Node, is_node, leaves_with_paths, same_structure
+from .._tree import match_structure as _match
 
 
 def norm_dim(dim: int, ndim: int, batch_size: Any = None) -> int:
@@ -43,16 +44,28 @@ def _needs_a_batch_dim(batch_size: torch.Size, op: str) -> None:
 # --------------------------------------------------------------------------------------
 # checks: operands share a structure; results keep the batch-size invariant
 # --------------------------------------------------------------------------------------
-def check_same_structure(a: Any, b: Any, what: str) -> None:
-    """The one structure check of every op that combines containers.
+def match_structure(a: Any, b: Any, what: str) -> Any:
+    """The one structure check of every op that combines containers: ``b`` paired with ``a``
+    by key (``b`` itself, or ``b`` in ``a``'s key order when only the order differs), so
+    leaves meet by key and the result keeps the first operand's order.
 
     Raises :class:`~tdfunc._errors.KeysDifferError` when the key sets differ (naming the
     missing and extra paths) and :class:`~tdfunc._errors.NodeTypesDifferError` when only
     node types or static fields differ; both are :class:`~tdfunc._errors.StructureError`
     (a ``ValueError``).
+
+    Example:
+        >>> import torch, tdfunc
+        >>> a = tdfunc.TensorDict(x=torch.zeros(1), y=torch.ones(1))
+        >>> b = tdfunc.TensorDict(y=torch.ones(1), x=torch.zeros(1))
+        >>> list(match_structure(a, b, "add").keys())
+        ['x', 'y']
     """
     if same_structure(a, b):
-        return
+        return b
+    m = _match(a, b)
+    if m is not None:
+        return m
     ka, kb = _key_set(a, ()), _key_set(b, ())
     sa, sb = set(ka), set(kb)
     missing = [k[0] if len(k) == 1 else k for k in ka if k not in sb]
@@ -62,6 +75,42 @@ def check_same_structure(a: Any, b: Any, what: str) -> None:
     raise E.NodeTypesDifferError(
         E.STRUCTURE_TYPES.format(what=what, a=_type_tree(a), b=_type_tree(b))
     )
+
+
+def match_operands(
+    args: Sequence[Any], kwargs: dict[str, Any], what: str
+) -> tuple[tuple[Any, ...], dict[str, Any], list[Any]]:
+    """``args`` and ``kwargs`` with every container after the first paired with the first by
+    key (:func:`match_structure`), and the containers among them (positional first): the
+    operands of a torch function called leaf by leaf.
+
+    Example:
+        >>> import torch, tdfunc
+        >>> a = tdfunc.TensorDict(x=torch.zeros(1), y=torch.ones(1))
+        >>> b = tdfunc.TensorDict(y=torch.ones(1), x=torch.zeros(1))
+        >>> args, _, nodes = match_operands((a, b), {}, "add")
+        >>> list(args[1].keys()), len(nodes)
+        (['x', 'y'], 2)
+    """
+    nodes = [a for a in args if is_node(a)]
+    if kwargs:
+        nodes += [v for v in kwargs.values() if is_node(v)]
+    if len(nodes) < 2:
+        return tuple(args), kwargs, nodes
+    ref = nodes[0]
+    pairs = [(n, match_structure(ref, n, what)) for n in nodes[1:]]
+    if all(m is n for n, m in pairs):
+        return tuple(args), kwargs, nodes
+
+    def sub(x: Any) -> Any:
+        if is_node(x):
+            for n, m in pairs:
+                if x is n:
+                    return m
+        return x
+
+    new_kwargs = {k: sub(v) for k, v in kwargs.items()}
+    return tuple(sub(a) for a in args), new_kwargs, [ref, *(m for _, m in pairs)]
 
 
 def _key_set(node: Node, prefix: KeyPath) -> list[KeyPath]:

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._ragged import from_jagged_parts, jagged_parts
+from .._ragged import from_jagged_parts, has_jagged, is_jagged, jagged_parts
 from .._tree import leaves, leaves_with_paths, map_leaves
-from ._structure import check_batch_invariant, check_same_structure
+from ._structure import check_batch_invariant, match_structure
 
 
 def apply(
@@ -32,8 +32,7 @@ def apply(
         >>> td.apply(lambda x: x.sum(0), batch_size=[])["a"].shape
         torch.Size([3])
     """
-    for o in others:
-        check_same_structure(node, o, "apply")
+    others = tuple(match_structure(node, o, "apply") for o in others)
     ls = leaves(node)
     if others:
         cols = [leaves(o) for o in others]
@@ -69,8 +68,7 @@ def named_apply(
         >>> seen
         ['a', ('n', 'b')]
     """
-    for o in others:
-        check_same_structure(node, o, "named_apply")
+    others = tuple(match_structure(node, o, "named_apply") for o in others)
     pairs = leaves_with_paths(node)
     if nested_keys is None:
         keys: list[Any] = [p for p, _ in pairs]
@@ -180,7 +178,8 @@ def consolidate(node: Any) -> Any:
     if not ls:
         return node
     # a jagged leaf goes in as its parts (values, offsets, lengths) and is rebuilt around them
-    pieces = [jagged_parts(x) if x.is_nested else [x] for x in ls]
+    jagged = [is_jagged(x) for x in ls] if has_jagged(ls) else [False] * len(ls)
+    pieces = [jagged_parts(x, node, i) if j else [x] for i, (x, j) in enumerate(zip(ls, jagged))]
     flat = [p for ps in pieces for p in ps]
     parts: list[Tensor] = []
     offsets: list[int] = []
@@ -202,7 +201,7 @@ def consolidate(node: Any) -> Any:
         ]
     )
     out = [
-        from_jagged_parts([next(views) for _ in ps]) if x.is_nested else next(views)
-        for x, ps in zip(ls, pieces)
+        from_jagged_parts([next(views) for _ in ps]) if j else next(views)
+        for j, ps in zip(jagged, pieces)
     ]
     return map_leaves(node, out)

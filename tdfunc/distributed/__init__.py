@@ -43,8 +43,6 @@ Example:
     [4.0, 5.0]
 """
 
-from __future__ import annotations
-
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -101,6 +99,11 @@ __getattr__ = _deprecate.module_getattr(
         **{n: (_late("._common.placements", n), _CODEC.format(n)) for n in _CODECS},
     },
 )
+
+
+def __dir__() -> list[str]:
+    return list(__all__)  # not the names this module imported for itself (importlib, Any...)
+
 
 __all__ = [
     "DEFAULT_BACKEND",

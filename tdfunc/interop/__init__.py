@@ -9,3 +9,5 @@
 The public names live at the top level (``tdfunc.save_safetensors``...); this package is
 their implementation.
 """
+
+__all__: list[str] = []

@@ -204,6 +204,11 @@ NONTENSOR_NOT_JSON = (
     "cannot save key {key} to {filename!r}: a non-tensor value of type {typ} is not JSON data "
     "(str, numbers, bools, None and lists of them; nothing is pickled)"
 )
+JAGGED_UNSAVED = (
+    "cannot save key {key} to {filename!r}: a jagged leaf whose parts a load would refuse "
+    "({problem}); torch builds it without a check, but cannot read its rows either: rebuild "
+    "it from its rows (torch.nested.nested_tensor(list(rows), layout=torch.jagged))"
+)
 JAGGED_RAGGED_DIM = (
     "cannot save key {key} to {filename!r}: a jagged leaf is saved with its ragged dim at "
     "dim 1, got {dim}"

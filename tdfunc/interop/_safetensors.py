@@ -51,7 +51,7 @@ from .. import _nontensor as nontensor
 from .._compat import pytree
 from .._keys import fmt_key
 from .._nontensor import NonTensor
-from .._ragged import from_read_parts, is_jagged, jagged_problem
+from .._ragged import from_read_parts, is_jagged, jagged_problem, under_wrappers
 from .._tensorclass import restore
 from .._tree import KeyPath, Node, is_node
 from ..memmap._tensor import (
@@ -152,8 +152,11 @@ class _Plan:
 
     def leaf(self, path: KeyPath, t: Tensor) -> dict[str, Any]:
         key = fmt_key(path)
-        if t.layout != torch.strided or t.is_nested or t.device.type == "meta":
-            what = "nested" if t.is_nested else "meta" if t.device.type == "meta" else t.layout
+        base = under_wrappers(t)[0]  # what the leaf is, not its transform wrappers
+        if base.layout != torch.strided or base.is_nested or t.device.type == "meta":
+            what = (
+                "nested" if base.is_nested else "meta" if t.device.type == "meta" else base.layout
+            )
             raise TypeError(E.UNSUPPORTED_LEAF.format(key=key, filename=self.filename, what=what))
         if t.dtype not in ST_NAMES:
             raise TypeError(
@@ -195,7 +198,8 @@ class _Plan:
 
     def jagged(self, path: KeyPath, v: Any) -> dict[str, Any]:
         """A jagged leaf: its values, offsets and lengths (when present) as tensors named by
-        the key path and ``values`` / ``offsets`` / ``lengths``."""
+        the key path and ``values`` / ``offsets`` / ``lengths``; refused (``ValueError``) when
+        a load would refuse them."""
         if v._ragged_idx != 1:
             raise TypeError(
                 E.JAGGED_RAGGED_DIM.format(
@@ -204,6 +208,11 @@ class _Plan:
             )
         lengths = v.lengths()
         parts = {"values": v.values(), "offsets": v.offsets(), "lengths": lengths}
+        problem = jagged_problem(parts["values"], parts["offsets"], lengths, v.shape[:1])
+        if problem is not None:
+            raise ValueError(
+                E.JAGGED_UNSAVED.format(key=fmt_key(path), filename=self.filename, problem=problem)
+            )
         entries: dict[str, Any] = {}
         for part, t in parts.items():
             entry = None if t is None else self.leaf((*path, part), t)
@@ -789,10 +798,13 @@ class _Builder:
         raw = c.get("lengths")
         lengths = None if raw is None else self.leaf(raw, (*path, "lengths"))
         rows = [max(offsets.numel() - 1, 0)] if offsets.ndim == 1 else [-1]
-        problem = jagged_problem(values, offsets, lengths, rows)
-        if problem is not None:
-            raise self.bad(f"jagged leaf {fmt_key(path)}: {problem}")
-        return from_read_parts(values, offsets, lengths)
+        return from_read_parts(
+            values,
+            offsets,
+            lengths,
+            rows,
+            lambda problem: self.bad(f"jagged leaf {fmt_key(path)}: {problem}"),
+        )
 
     def leaf(self, c: dict[str, Any], path: KeyPath) -> Tensor:
         """The tensor of one leaf entry, checked against the tensor table: its name is the key

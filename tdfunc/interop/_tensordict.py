@@ -254,6 +254,13 @@ def to_tensordict(x: Any, cls: type | None = None) -> Any:
     type, the result is an instance of it: data and static fields by name; nested containers
     become the tensordict tensorclasses their fields are annotated with, else TensorDicts.
 
+    The first call in a process imports ``tensordict``, which registers its pytree nodes and
+    replaces functions of ``torch.vmap``'s internals: a function compiled before that and
+    traced through ``torch.vmap``, ``torch.func`` or torch's pytree (:func:`tdfunc.cond`,
+    :func:`tdfunc.scan`...) compiles once more on its next call. ``import tensordict``
+    before the first compile avoids it (tdfunc does not import it for you: that would patch
+    ``torch.vmap`` in every process that has it installed).
+
     Args:
         x: the tdfunc container.
         cls: a tensordict ``@tensorclass`` type to build (a ``tensordict.TensorDict`` when None).

@@ -56,8 +56,6 @@ Example:
     (torch.Size([10, 4]), 'MemoryMappedTensor', 'r')
 """
 
-from __future__ import annotations
-
 from .. import _deprecate
 from . import _errors, _store, _tensor
 

@@ -133,8 +133,60 @@ JAGGED_RAGGED_DIM = (
     "key {key}: a jagged leaf is saved with its ragged dim right after the batch dim (dim 1), "
     "got ragged dim {dim}; transpose it first"
 )
+JAGGED_UNSAVED = (
+    "key {key}: cannot save a jagged leaf whose parts a load would refuse ({problem}); "
+    "torch builds it without a check, but cannot read its rows either: rebuild it from its "
+    "rows (torch.nested.nested_tensor(list(rows), layout=torch.jagged))"
+)
 JAGGED_LIKE = (
     "key {key}: memmap_like cannot preallocate a jagged leaf (its row lengths are data, not "
     "structure, and a loaded jagged leaf is a copy that writes would not reach); save the "
     "container with tdfunc.save, or exclude the key"
+)
+
+# write_at: explicit writes into a writable store ({what}: the call; {arg}: "value" or "batch")
+WRITE_NOT_A_CONTAINER = (
+    "write_at writes into a container loaded from a store, got {typ}; load the store with "
+    "tdfunc.load(path, mode='r+') (or make one with tdfunc.memmap_like)"
+)
+WRITE_READ_ONLY = (
+    "{what}: key {key} is the read-only memory-mapped file {filename!r} (mode='r'); "
+    "load the store with tdfunc.load(path, mode='r+') to write into it"
+)
+WRITE_PRIVATE = (
+    "{what}: key {key} is a copy-on-write mapping of {filename!r} (mode='c'): its writes "
+    "never reach the file. Load the store with mode='r+' to write into the file"
+)
+WRITE_NOT_MAPPED = (
+    "{what}: key {key} is an in-memory tensor, not a memory-mapped leaf of a store{why}, "
+    "so a write would not reach any file. {what} writes into stores loaded with "
+    "tdfunc.load(path, mode='r+'); an in-memory container is a value (td.at[index].set(value) "
+    "returns a new one)"
+)
+WRITE_JAGGED = " (a jagged leaf is loaded into memory)"
+WRITE_BAD_VALUE = (
+    "write_at: value must be a container with the store's keys, or a number (written into "
+    "every leaf), got {typ}"
+)
+WRITE_MISSING_KEY = "{what}: the {arg} has no key {key}, which the store has at {where}"
+WRITE_EXTRA_KEY = "{what}: the {arg} has key {key}, which the store does not have"
+WRITE_NOT_A_LEAF = (
+    "{what}: key {key} is a {got} in the {arg} but a {want} in the store; the {arg} must "
+    "have the store's structure"
+)
+WRITE_BATCH = (
+    "write_at: the value has batch_size {got}, but index {index!r} selects batch shape "
+    "{want} of the store (batch_size {batch})"
+)
+WRITE_SHAPE = (
+    "{what}: key {key} has shape {got} in the {arg}, but the store's rows there need shape "
+    "{want} (batch {batch} + the leaf's shape {feat})"
+)
+WRITE_DTYPE = (
+    "{what}: key {key} has dtype {got} in the {arg}, which does not cast safely to the "
+    "stored dtype {want}; cast it first ({arg}.apply(lambda x: x.to(...)))"
+)
+WRITE_NONTENSOR = (
+    "{what}: key {key} is a non-tensor value, kept in the store's manifest: it cannot be "
+    "written in place, and the {arg}'s differs from it. Save a new store instead"
 )

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._ragged import under_wrappers
 from . import _errors as E
 
 MODES = ("r", "r+", "c")
@@ -78,10 +79,12 @@ def nbytes_of(shape: Sequence[int], dtype: torch.dtype) -> int:
 
 
 def check_leaf(t: Tensor, key: str) -> None:
-    """``TypeError`` for tensors that cannot be stored as raw bytes."""
-    if t.layout != torch.strided:
-        raise TypeError(E.UNSUPPORTED_LEAF.format(key=key, what=str(t.layout)))
-    if t.is_nested:
+    """``TypeError`` for tensors that cannot be stored as raw bytes (what the leaf is, asked
+    under its ``torch.func`` / ``torch.vmap`` wrappers)."""
+    base = under_wrappers(t)[0]
+    if base.layout != torch.strided:
+        raise TypeError(E.UNSUPPORTED_LEAF.format(key=key, what=str(base.layout)))
+    if base.is_nested:
         raise TypeError(E.UNSUPPORTED_LEAF.format(key=key, what="nested"))
     if t.device.type == "meta":
         raise TypeError(E.UNSUPPORTED_LEAF.format(key=key, what="meta"))

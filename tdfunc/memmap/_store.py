@@ -194,10 +194,14 @@ def _describe(node: Node, prefix: KeyPath, layout: _Layout) -> dict[str, Any]:
 
 
 def _describe_jagged(path: KeyPath, v: Any, layout: _Layout) -> dict[str, Any]:
-    """A jagged leaf: its values, offsets and (when present) lengths, each a stored tensor."""
+    """A jagged leaf: its values, offsets and (when present) lengths, each a stored tensor;
+    refused (``ValueError``) when a load would refuse them."""
     if v._ragged_idx != 1:
         raise TypeError(E.JAGGED_RAGGED_DIM.format(key=fmt_key(path), dim=v._ragged_idx))
     lengths = v.lengths()
+    problem = jagged_problem(v.values(), v.offsets(), lengths, v.shape[:1])
+    if problem is not None:
+        raise ValueError(E.JAGGED_UNSAVED.format(key=fmt_key(path), problem=problem))
     return {
         "kind": "jagged",
         "values": layout.add(path, v.values()),
@@ -653,19 +657,21 @@ class _Reader:
 
     def jagged(self, entry: dict[str, Any], path: KeyPath, bs: torch.Size) -> Tensor:
         """A jagged leaf from its stored values, offsets and lengths, checked before torch
-        builds it: integer 1-D offsets, one more than the batch's rows, starting at 0 or
-        more, non-decreasing, within the values; lengths (when stored) of the offsets' dtype,
-        one per row, each row inside the values. Loaded into memory (a bit-for-bit copy): a
+        builds it (:func:`tdfunc._ragged.jagged_problem`: one of the layouts torch builds,
+        one more offset than the batch's rows). Loaded into memory (a bit-for-bit copy): a
         jagged tensor holds its values as a plain tensor, which a read-only map could not
         keep read-only."""
         values = self.leaf(self.field(entry, "values", dict, path), path)
         offsets = self.leaf(self.field(entry, "offsets", dict, path), path)
         raw = entry.get("lengths")
         lengths = None if raw is None else self.leaf(self.field(entry, "lengths", dict, path), path)
-        problem = jagged_problem(values, offsets, lengths, bs)
-        if problem is not None:
-            raise self.corrupt(f"jagged leaf {_where(path)}: {problem}")
-        return from_read_parts(values, offsets, lengths)
+        return from_read_parts(
+            values,
+            offsets,
+            lengths,
+            bs,
+            lambda problem: self.corrupt(f"jagged leaf {_where(path)}: {problem}"),
+        )
 
     def static(self, entry: Any, path: KeyPath) -> dict[str, Any]:
         out: dict[str, Any] = {}

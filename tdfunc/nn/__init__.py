@@ -1,4 +1,5 @@
-"""Key-routed modules: ``TensorDictModule`` / ``TensorDictSequential``.
+"""Key-routed modules: ``TensorDictModule`` / ``TensorDictSequential``, and the probabilistic
+ones (``ProbabilisticTensorDictModule`` / ``ProbabilisticTensorDictSequential``).
 
 The module integration functions live at the top level: ``tdfunc.from_module``,
 ``tdfunc.functional_call``, ``tdfunc.stack_modules`` (``tdfunc.nn.<name>`` is a deprecated
@@ -8,6 +9,11 @@ path for them, kept for one release).
 from .. import _deprecate
 from . import _functional
 from ._modules import TensorDictModule, TensorDictSequential
+from ._probabilistic import (
+    InteractionType,
+    ProbabilisticTensorDictModule,
+    ProbabilisticTensorDictSequential,
+)
 
 __getattr__ = _deprecate.module_getattr(
     __name__,
@@ -17,4 +23,10 @@ __getattr__ = _deprecate.module_getattr(
     },
 )
 
-__all__ = ["TensorDictModule", "TensorDictSequential"]
+__all__ = [
+    "InteractionType",
+    "ProbabilisticTensorDictModule",
+    "ProbabilisticTensorDictSequential",
+    "TensorDictModule",
+    "TensorDictSequential",
+]

@@ -6,6 +6,13 @@ SHAPE_MISMATCH = (
     "it is filled through a tie the module declares, from the tensor given for the other name "
     "of the tie, so both names must have one shape"
 )
+#: ``functional_call``: a parameter of the module given with another shape than its own.
+PARAM_SHAPE = (
+    "functional_call: key {key!r} is a parameter of shape {expected} in the module, but the "
+    "state gives a tensor of shape {got}; give it the parameter's shape (buffers may change "
+    "shape, as observers' statistics do, parameters may not), and call a state stacked over "
+    "modules through torch.vmap, one module per call"
+)
 #: ``functional_call``: every tensor of the state is the module's shape with one leading dim.
 STACKED_STATE = (
     "functional_call: every tensor of the state has a leading dim of size {n} over the shape "

@@ -11,6 +11,7 @@ calls is :func:`functional_call`'s slot plan, validated on every use (``_plan``)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import index
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from ._errors import (
     DUPLICATE_KEY,
     META_MISSING,
     MISSING_KEYS,
+    PARAM_SHAPE,
     SHAPE_MISMATCH,
     STACK_EMPTY,
     STACK_KEYS,
@@ -177,7 +179,17 @@ def _module_tensor(module: nn.Module, name: str) -> Tensor | None:
 class _Matched:
     """What walking ``params`` against a module found (one per call)."""
 
-    __slots__ = ("alias", "extra", "leading", "out", "slots", "stacked", "tied", "unknown")
+    __slots__ = (
+        "alias",
+        "extra",
+        "leading",
+        "misfits",
+        "out",
+        "slots",
+        "stacked",
+        "tied",
+        "unknown",
+    )
 
     def __init__(self, tie_weights: bool) -> None:
         self.out: dict[str, Tensor] = {}
@@ -193,21 +205,30 @@ class _Matched:
         # in front (None for any other tensor), and the first such tensor (see check_stacked)
         self.leading: set[int | None] = set()
         self.stacked: tuple[str, tuple[int, ...], tuple[int, ...]] | None = None
+        # each given parameter whose shape is not the module's: its name, the tensor given
+        # and the parameter's shape (see check_parameters)
+        self.misfits: list[tuple[str, Tensor, torch.Size]] = []
 
     def add(self, name: str, v: Tensor, owner: nn.Module | None, attr: str) -> None:
         ref = None if owner is None else _module_tensor(owner, attr)
         if ref is None or owner is None:
             self.unknown.append(name)
             return
-        # the state's shapes are the state's (observers grow their buffers); only a state
-        # stacked over modules is refused, once every tensor is seen (check_stacked)
+        # a buffer's shape is the state's (observers grow their buffers), a parameter's is the
+        # module's; a state stacked over modules is refused, once every tensor is seen
+        # (check_stacked, then check_parameters). Under torch.vmap a shape is one call's.
         shape = v.shape
-        if shape != ref.shape and len(shape) == ref.dim() + 1 and shape[1:] == ref.shape:
-            self.leading.add(shape[0])
-            if self.stacked is None:
-                self.stacked = (name, tuple(shape), tuple(ref.shape))
-        else:
+        if shape == ref.shape:
             self.leading.add(None)
+        else:
+            if len(shape) == ref.dim() + 1 and shape[1:] == ref.shape:
+                self.leading.add(shape[0])
+                if self.stacked is None:
+                    self.stacked = (name, tuple(shape), tuple(ref.shape))
+            else:
+                self.leading.add(None)
+            if attr in owner._parameters:
+                self.misfits.append((name, v, ref.shape))
         if self.tied is not None:
             # a second name of a tied tensor: the tensor given under the first one fills every
             # slot; the same tensor again is fine, another one would be silently ignored
@@ -228,6 +249,21 @@ class _Matched:
         if self.stacked is not None and len(self.leading) == 1:
             key, got, expected = self.stacked
             raise ValueError(STACKED_STATE.format(n=got[0], key=key, got=got, expected=expected))
+
+    def check_parameters(self) -> None:
+        """Refuse a parameter given with another shape than the module's, before the module
+        runs (:func:`~tdfunc._raising.refuse`: traced, the compiled program raises it when it
+        runs, and the trace goes on with a tensor of the parameter's shape in its place)."""
+        if not self.misfits:
+            return
+        key, v, expected = self.misfits[0]
+        # plain ints: a traced shape may be symbolic, and the message is a constant of the
+        # program (operator.index specializes a symbolic size on this path only)
+        got = tuple(map(index, v.shape))
+        refuse(ValueError, PARAM_SHAPE.format(key=key, got=got, expected=tuple(expected)))
+        for name, v, expected in self.misfits:
+            if name in self.out:
+                self.out[name] = v.new_zeros(expected)
 
 
 def _match_node(node: Any, module: nn.Module | None, prefix: str, m: _Matched) -> None:
@@ -453,6 +489,7 @@ def _full_match(module: nn.Module, state: Any, strict: bool, tie_weights: bool) 
     matched = _Matched(tie_weights)
     _match(state, module, matched)
     matched.check_stacked()
+    matched.check_parameters()
     _meta_slots(module, matched, tie_weights)
     if strict:
         flat, unknown = matched.out, matched.unknown
@@ -488,11 +525,14 @@ def functional_call(
     :func:`stack_modules` under ``torch.vmap``), a tensorclass, a mapping of tensors (nested, or
     flat with dotted names as in ``state_dict()``), or a tuple of those (e.g.
     ``(params, buffers)``). Key paths joined by ``"."`` name the module's parameters and buffers.
-    The state's shapes are the state's: a tensor whose shape differs from the module's own
+    A buffer's shape is the state's: a buffer whose shape differs from the module's own
     (statistics that grow, as a quantization observer's do at its first call) is put into
-    the slot as it is, as ``torch.func.functional_call`` does; a state *stacked over modules*
-    (every tensor the module's shape with one leading dim of the same size, as
-    :func:`stack_modules` makes) is refused before any computation outside ``torch.vmap``.
+    the slot as it is, as ``torch.func.functional_call`` does. A parameter's shape is the
+    module's: one of another shape is a ``ValueError`` naming its key and both shapes, before
+    the module runs (under ``torch.vmap`` the shape of one call is compared, so an ensemble
+    of :func:`stack_modules` runs). A state *stacked over modules* (every tensor the module's
+    shape with one leading dim of the same size, as :func:`stack_modules` makes) is refused
+    before any computation outside ``torch.vmap``.
     Works under
     ``torch.vmap``, ``torch.func.grad``, ``torch.compile(fullgraph=True)`` and
     ``torch.export`` (strict and non-strict).
@@ -527,11 +567,15 @@ def functional_call(
     part in the call: the running statistics of batch/instance norm modules in training mode,
     and the state of ``FusedMovingAvgObsFakeQuantize``. Under ``torch.compile`` torch's fake
     tensors record no version for in-place foreach ops (``torch._foreach_add_`` ...); the
-    traced call counts, at trace time, every tensor a traced op's schema marks as written, so
-    those writes are seen too. So compiled as eagerly, a tensor the module did not write comes
-    back as the caller's own tensor object (no copy in the compiled program), and the
-    ``PermissionError`` of ``return_state=False`` is raised by the compiled program itself when
-    it runs, with its type and message (with or without ``fullgraph``). Dynamo does not trace
+    traced call counts, at trace time, every tensor a traced op's schema marks as written
+    (under ``torch.func`` transforms too), so those writes are seen too; a tensor a schema
+    marks as written that the kernel leaves as it was (``torch._fused_adagrad_``'s steps on
+    CPU) then comes back as a new tensor of the same value. Torch's fused optimizer kernels
+    (``torch._fused_adam_`` ...) record no version when they run eagerly: their writes to
+    buffers are seen only in a compiled program. So compiled as eagerly, a tensor the module
+    did not write comes back as the caller's own tensor object (no copy in the compiled
+    program), and the ``PermissionError`` of ``return_state=False`` is raised by the compiled
+    program itself when it runs, with its type and message (with or without ``fullgraph``). Dynamo does not trace
     ``x.data = v`` on a copy
     (``fullgraph=True`` stops with its error); inside
     ``torch.func`` transforms torch refuses ``x.data = v`` with its own error. Tensors not in
@@ -566,9 +610,11 @@ def functional_call(
         Whatever ``module`` returns, or ``(output, new_state)`` when ``return_state=True``.
 
     Raises:
-        ValueError: a state stacked over modules outside ``torch.vmap`` (the message names
-            the leading dim and a key with both shapes), or two tensors are given for the
-            names of one tied tensor.
+        ValueError: a parameter of another shape than the module's (the message names the
+            key and both shapes; raised by the compiled program itself when compiled), a
+            state stacked over modules outside ``torch.vmap`` (the message names the leading
+            dim and a key with both shapes), or two tensors are given for the names of one
+            tied tensor.
         KeyError: ``strict=True`` and keys are unknown or missing (the message lists them),
             or module tensors on the meta device that nothing given fills.
         PermissionError: ``return_state=False`` and the module wrote one of the given tensors

@@ -41,6 +41,7 @@ from .._compat import (
     maybe_get_level,
 )
 from .._compat import is_functorch_wrapped_tensor as _is_wrapped
+from .._ragged import under_wrappers
 from ..memmap._tensor import MemoryMappedTensor
 from ._versions import record_unrecorded_writes, unwrapped, write_marks
 
@@ -58,11 +59,8 @@ def _cow_or_copy(t: Tensor, buffer: bool) -> Tensor:
 
 def _no_cow_below(t: Tensor) -> bool:
     """A vmap level or a memory-mapped tensor under ``t``'s wrappers: no copy-on-write."""
-    while _is_wrapped(t):
-        if is_batchedtensor(t):
-            return True
-        t = get_unwrapped(t)
-    return isinstance(t, MemoryMappedTensor)
+    base, mapped, _ = under_wrappers(t)
+    return mapped or isinstance(base, MemoryMappedTensor)
 
 
 def private_copy(t: Tensor, buffer: bool = False) -> Tensor:
@@ -90,10 +88,11 @@ def private_copy(t: Tensor, buffer: bool = False) -> Tensor:
     base = t
     while _is_wrapped(base):
         if not is_batchedtensor(base):
-            # a differentiated tensor: the copy must stay differentiable; copy-on-write has
+            # a differentiated tensor: the copy must stay differentiable; a buffer gets a
+            # copy (as outside the transform: copy-on-write cannot grow); copy-on-write has
             # no batching rule (a vmap level above this one, or below it) and needs memory
             # torch allocated
-            return t.clone() if levels or _no_cow_below(base) else lazy_clone(t)
+            return t.clone() if buffer or levels or _no_cow_below(base) else lazy_clone(t)
         levels.append((maybe_get_bdim(base), maybe_get_level(base)))
         base = get_unwrapped(base)
     out = _cow_or_copy(base, buffer)

@@ -145,9 +145,11 @@ def bump_written(graph: torch.fx.Graph) -> None:
     :func:`record_unrecorded_writes`, never traced itself): for each ``call_function`` node
     not counted yet, the arguments its op's schema marks as written (torch's own alias
     annotations, no list of names) have their example (fake) tensors' version counters
-    bumped. An op whose fake kernel already bumped them is bumped twice: a write still shows
-    as a change, and an unwritten tensor is never bumped. The table of schemas per target is
-    a cache of static facts about torch's operators.
+    bumped: of the tensor under the functorch wrappers, the counter :func:`write_marks`
+    reads (under ``torch.func.grad``, ``vjp`` or ``vmap`` the example tensor is a wrapper
+    whose own counter is another one). An op whose fake kernel already bumped them is bumped
+    twice: a write still shows as a change, and an unwritten tensor is never bumped. The
+    table of schemas per target is a cache of static facts about torch's operators.
 
     Example:
         >>> import torch
@@ -170,7 +172,9 @@ def bump_written(graph: torch.fx.Graph) -> None:
             for n in arg if isinstance(arg, (list, tuple)) else (arg,):
                 value = n.meta.get("example_value") if isinstance(n, torch.fx.Node) else None
                 if isinstance(value, Tensor):
-                    torch.autograd.graph.increment_version(value)
+                    # the counter write_marks reads: under torch.func transforms the example
+                    # tensor is a functorch wrapper (its own counter is another one)
+                    torch.autograd.graph.increment_version(unwrapped(value))
 
 
 __all__ = ["bump_written", "record_unrecorded_writes", "unwrapped", "write_marks"]

@@ -23,8 +23,6 @@ Example:
     (torch.Size([3]), 1)
 """
 
-from __future__ import annotations
-
 from ._core import GradientTransformation, Hyper, Schedule, apply_updates, set_hyperparams
 from ._errors import OptimStateError
 from ._optimizers import adagrad, adam, adamw, lion, rmsprop, sgd

@@ -22,8 +22,16 @@ import torch
 from torch import Tensor
 
 from .. import _compat as C
-from .._ops import _can_foreach, check_same_structure
-from .._tree import KeyPath, has_leaves, is_node, leaves, leaves_with_paths, map_leaves
+from .._ops import _can_foreach, match_structure
+from .._tree import (
+    KeyPath,
+    has_leaves,
+    is_node,
+    leaves,
+    leaves_with_paths,
+    map_leaves,
+    reorder_like,
+)
 from ..tensordict import TensorDict
 from . import _errors as E
 from . import _plan
@@ -97,18 +105,19 @@ def float_leaves(params: Any, what: str) -> list[Tensor]:
     return ls
 
 
-def grads_and_params(
-    grads: Any, params: Any, what: str, needs_params: bool
-) -> tuple[list[Tensor], list[Tensor] | None]:
-    """Leaves of grads (and params): ``StructureError`` naming the keys when they differ."""
+def grads_and_params(grads: Any, params: Any, what: str, needs_params: bool) -> Any:
+    """``params`` paired with ``grads`` by key (in the grads' key order), or ``None``:
+    ``StructureError`` naming the keys when their key sets differ."""
     check_container(grads, what)
     if params is None:
         if needs_params:
             raise TypeError(E.NEEDS_PARAMS.format(what=what))
-        return leaves(grads), None
+        return None
     check_container(params, what)
-    check_same_structure(params, grads, E.GRADS_VS_PARAMS.format(what=what))
-    return leaves(grads), leaves(params)
+    # the error speaks of the grads' keys against the params'
+    if match_structure(params, grads, E.GRADS_VS_PARAMS.format(what=what)) is grads:
+        return params
+    return reorder_like(grads, params)
 
 
 def _zip(nodes: list[Any], outs: list[list[Tensor]], names: list[str], prefix: str) -> bool:
@@ -302,9 +311,12 @@ def open_state(state: Any, tag: str, keys: Sequence[str], grads: Any, what: str)
 def buffer(
     inner: Any, entry: str, names: tuple[str, ...], ls_g: list[Tensor], what: str
 ) -> list[Tensor]:
-    """The leaves of the buffer ``entry`` (a flat TensorDict keyed by the leaves' names): the
-    grads' names in order and the grads' shapes and dtypes, or :class:`OptimStateError`."""
+    """The leaves of the buffer ``entry`` (a flat TensorDict keyed by the leaves' names) in
+    the order of the grads' names (read by name: a buffer made for params in another key
+    order pairs by key), with the grads' shapes and dtypes, or :class:`OptimStateError`."""
     node = inner._tdf_get(entry, None)
+    if isinstance(node, TensorDict) and node._tdf_keys() != names and set(node._data) == set(names):
+        node = TensorDict._new({n: node._data[n] for n in names}, node._batch_size, node._device)
     if not isinstance(node, TensorDict) or node._tdf_keys() != names:
         got = node._tdf_keys() if isinstance(node, TensorDict) else ()
         raise E.OptimStateError(
@@ -337,17 +349,24 @@ def buffer(
     return ls
 
 
-def new_state(state: Any, tag: str, values: dict[str, Any]) -> TensorDict:
+def new_state(
+    state: Any, tag: str, values: dict[str, Any], names: tuple[str, ...] | None = None
+) -> TensorDict:
     """``state`` with new entries (trusted: the structure was checked by :func:`open_state`).
 
     ``values`` maps each entry to a tensor or to the list of a buffer's new leaves; entries
-    not given keep their value.
+    not given keep their value. A buffer's list follows ``names`` (the grads' leaf names, as
+    :func:`buffer` read it); each buffer keeps its own key order in the new state.
     """
     inner = state._tdf_get(tag, None)
     out: list[Tensor] = []
     for k, v in zip(inner._tdf_keys(), inner._tdf_children()):
         new = values.get(k, v)
         if isinstance(new, list):
+            own = v._tdf_keys() if isinstance(v, TensorDict) else None
+            if names is not None and own is not None and own != names:
+                pos = {n: i for i, n in enumerate(names)}
+                new = [new[pos[n]] for n in own]
             out.extend(new)
         elif isinstance(new, Tensor):
             out.append(new)
@@ -681,23 +700,26 @@ def build(
         nodes = [grads, *([] if params is None else [params])]
         names: list[str] = []
         lists = zip_leaves(nodes, names) if all(map(is_node, nodes)) else None
-        if lists is None:  # name what differs
-            grads_and_params(grads, params, what_update, needs_params)
-            raise AssertionError("unreachable: the structures differ")  # pragma: no cover
+        if lists is None:  # params in another key order, or name what differs
+            params = grads_and_params(grads, params, what_update, needs_params)
+            nodes, names = [grads, params], []
+            lists = zip_leaves(nodes, names)
+            if lists is None:  # pragma: no cover
+                raise AssertionError("unreachable: the structures differ")
         ls_g = lists[0]
         key = tuple(names)
         bufs = {name: buffer(inner, name, key, ls_g, what_update) for name in buffers}
         count = inner._tdf_get("step", None)
         h = {n: hyper_value(hypers, n, inner, count) for n in hypers}
         h[DECAY_PICKS] = decay_picks(decay_mask, grads, what_update)
-        return _Step(ls_g, None if params is None else lists[1], bufs, count, h)
+        return _Step(ls_g, None if params is None else lists[1], bufs, count, h, params, key)
 
     def update(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
         s = open_step(grads, state, params)
         upd, new = math(Lists(s.g, grads._batch_size), s.g, s.p, s.bufs, s.count, s.h)
         if with_step:
             new["step"] = s.count + 1
-        return map_leaves(grads, upd), new_state(state, tag, new)
+        return map_leaves(grads, upd), new_state(state, tag, new, s.names)
 
     if fused is not None:
         kernel = fused
@@ -716,7 +738,10 @@ def build(
             entries: dict[str, Any] = dict(new)
             if with_step:
                 entries["step"] = s.count + 1
-            return map_leaves(params, new_p), new_state(state, tag, entries)
+            out = map_leaves(s.params, new_p)  # params in the grads' key order
+            if s.params is not params:  # the result keeps the params' own order
+                out = reorder_like(params, out)
+            return out, new_state(state, tag, entries, s.names)
 
         # the plan of the last donated step (see tdfunc.optim._plan): one per optimizer
         plan: list[_plan.Plan | None] = [None]
@@ -771,6 +796,10 @@ class _Step(NamedTuple):
     bufs: dict[str, list[Tensor]]
     count: Any
     h: dict[str, Any]
+    #: the params paired with the grads (in the grads' key order)
+    params: Any
+    #: the grads' leaf names (the order of ``g``, ``p`` and each buffer's list)
+    names: tuple[str, ...]
 
 
 def apply_updates(params: Any, updates: Any) -> Any:
@@ -791,9 +820,11 @@ def apply_updates(params: Any, updates: Any) -> Any:
     check_container(params, what)
     check_container(updates, what)
     lists = zip_leaves([params, updates])
-    if lists is None:
-        check_same_structure(params, updates, f"{what}: params and updates")
-        raise AssertionError("unreachable: the structures differ")  # pragma: no cover
+    if lists is None:  # updates in another key order, or name what differs
+        updates = match_structure(params, updates, f"{what}: params and updates")
+        lists = zip_leaves([params, updates])
+        if lists is None:  # pragma: no cover
+            raise AssertionError("unreachable: the structures differ")
     lp, lu = lists
     if _can_foreach(lp) and _can_foreach(lu) and all(p.shape == u.shape for p, u in zip(lp, lu)):
         out = list(C.foreach_add(lp, lu))

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .. import _compat as C
+from .._ragged import layout_of
 
 #: ``kernel(lr, weight_decay, params, grads, buffers, count, decay picks)``: writes ``params``
 #: and ``buffers`` (tensors this module gave it) in place
@@ -68,7 +69,7 @@ def _plain_row(row: tuple[Tensor, ...]) -> bool:
             or y.dtype != dtype
             or y.device != device
             or y.shape != shape
-            or y.layout != torch.strided
+            or layout_of(y) != torch.strided  # asked under transform wrappers
             or batched(y)
         ):
             return False

@@ -350,7 +350,7 @@ def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
 
     def update(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
         what = "masked.update"
-        grads_and_params(grads, params, what, False)
+        params = grads_and_params(grads, params, what, False)
         st = open_state(state, "masked", ["inner"], grads, what)
         ((picks, sub_g, sub_p),) = _split(grads, params, label, [True]).values()
         _check_mask(mask, grads, picks, what)
@@ -424,7 +424,7 @@ def multi_transform(
 
     def update(grads: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
         what = "multi_transform.update"
-        grads_and_params(grads, params, what, False)
+        params = grads_and_params(grads, params, what, False)
         st = open_state(state, "multi_transform", names, grads, what)
         parts = _split(grads, params, checked, names)
         new: dict[str, Any] = {}

@@ -84,9 +84,9 @@ from torch.distributed.tensor import DTensor, Partial
 from ..._compat import is_traceable_wrapper_subclass, pytree
 from ..._errors import StructureError
 from ..._keys import fmt_key
-from ..._ops import check_same_structure
+from ..._ops import match_structure
 from ..._shapes import SHAPE_UNSAVED, shape_problem
-from ..._tree import KeyPath, Node, leaves_with_paths, map_leaves
+from ..._tree import KeyPath, Node, leaves_with_paths, map_leaves, reorder_like
 from ...interop._safetensors import save_safetensors
 from .._common import errors as E
 from .._common import wire
@@ -548,11 +548,12 @@ def _nodes(node: Any) -> list[tuple[KeyPath, Any]]:
     return out
 
 
-def _check_like(skeleton: Any, like: Any) -> None:
-    """``like`` has the saved structure, batch sizes, global shapes and dtypes."""
+def _check_like(skeleton: Any, like: Any) -> Any:
+    """``like`` has the saved structure, batch sizes, global shapes and dtypes; returns it in
+    the saved key order (leaves pair with the saved ones by key)."""
     check_node(like, "load_checkpoint")
     _check_depth(like)
-    check_same_structure(skeleton, like, "load_checkpoint")
+    like = match_structure(skeleton, like, "load_checkpoint")
     for (path, a), (_, b) in zip(_nodes(skeleton), _nodes(like)):
         if a.batch_size != b.batch_size:
             raise StructureError(
@@ -577,6 +578,7 @@ def _check_like(skeleton: Any, like: Any) -> None:
             for p in b.placements:
                 if isinstance(p, Partial):
                     raise ValueError(E.CKPT_PARTIAL.format(key=fmt_key(path), op=p.reduce_op))
+    return like
 
 
 def _target(x: Tensor) -> Tensor:
@@ -672,11 +674,12 @@ def load_checkpoint(
     error: BaseException | None = None
     agreed = 0
     manifest: Manifest | None = None
+    matched: Any = None
     try:
         manifest = Manifest(root, digest)
         skeleton = manifest.skeleton()
         if like is not None:
-            _check_like(skeleton, like)
+            matched = _check_like(skeleton, like)
         agreed = _digest([root, manifest.sha])
     except Exception as e:  # told to the other ranks, which would wait otherwise
         if manifest is not None:
@@ -688,7 +691,7 @@ def load_checkpoint(
         _agree("load_checkpoint", pg, error, agreed, "the checkpoint")
     assert manifest is not None
     try:
-        base = skeleton if like is None else like
+        base = skeleton if like is None else matched
         names = [e["name"] for e in manifest.leaves]
         state = {n: _target(x) for n, (_, x) in zip(names, leaves_with_paths(base))}
         with _alone(pg):
@@ -706,7 +709,9 @@ def load_checkpoint(
         raise _peer_error("load_checkpoint", e, "") from None
     finally:
         manifest.close()
-    return map_leaves(base, [state[n] for n in names])
+    out = map_leaves(base, [state[n] for n in names])
+    # the result keeps ``like``'s own key order
+    return out if like is None or matched is like else reorder_like(like, out)
 
 
 def export_safetensors(
