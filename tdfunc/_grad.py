@@ -17,6 +17,8 @@ one graph, as with ``torch.func``. Inside a plain ``torch.compile`` Dynamo trace
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -140,28 +142,19 @@ def _differentiated(
             raise TypeError(E.GRAD_ARGNUM_RANGE.format(index=i, n=len(args)))
         arg = args[i]
         if is_node(arg):  # the fast path: the container's own walk and trusted rebuild
-            leaves = _tree.leaves(arg)
+            leaves = _tree.leaves(arg)  # tensors only
             rebuild: Callable[[list[Tensor]], Any] = functools.partial(_tree.map_leaves, arg)
+            floats = all(map(Tensor.is_floating_point, leaves))
         else:
             leaves, spec = pytree.tree_flatten(arg)
             rebuild = functools.partial(_unflatten, spec=spec)
-        for leaf in leaves:
-            if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
-                _raise_leaf(i, arg, leaf)
+            floats = False
+        if not floats:
+            for leaf in leaves:
+                if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
+                    _raise_leaf(i, arg, leaf)
         out.append((i % len(args), arg, leaves, rebuild))
     return out
-
-
-def _alias(leaf: Tensor) -> Tensor:
-    """A new tensor object for ``leaf`` that the gradient is taken with respect to.
-
-    A leaf that requires grad already (a parameter straight from ``from_module``) gets a
-    view: differentiable, no ``requires_grad_()`` on a tensor made inside a compiled
-    function (Dynamo refuses to return anything computed from one while it requires grad);
-    any other leaf gets a detached alias that requires grad."""
-    if leaf.requires_grad:
-        return leaf.view_as(leaf)
-    return leaf.detach().requires_grad_()
 
 
 def _call(
@@ -190,7 +183,15 @@ def _via_autograd(
     inputs: list[Tensor] = []
     rebuilds: list[tuple[int, Callable[[list[Tensor]], Any]]] = []
     for i, _, leaves, rebuild in _differentiated(nums, args):
-        aliases = [_alias(leaf) for leaf in leaves]
+        # a new tensor object per leaf that the gradient is taken with respect to: a leaf
+        # that requires grad already (a parameter straight from from_module) gets a view
+        # (differentiable; no requires_grad_() on a tensor made inside a compiled function,
+        # whose results Dynamo refuses to return while it requires grad), any other leaf a
+        # detached alias that requires grad (one comprehension: the hot path of a step)
+        aliases = [
+            leaf.view_as(leaf) if leaf.requires_grad else leaf.detach().requires_grad_()
+            for leaf in leaves
+        ]
         rebuilds.append((len(inputs), rebuild))
         inputs.extend(aliases)
         args_l[i] = rebuild(aliases)
@@ -201,7 +202,9 @@ def _via_autograd(
     got: Sequence[Tensor | None] = [None] * len(inputs)
     if value.requires_grad:
         got = torch.autograd.grad(value, inputs, allow_unused=True)
-    grads = [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, got)]
+    grads: list[Tensor] = list(got)  # type: ignore[arg-type]  # None: replaced below
+    if any(map(operator.is_, got, itertools.repeat(None))):  # a leaf unused: zeros
+        grads = [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, got)]
     trees = []
     for k, (start, rebuild) in enumerate(rebuilds):
         end = rebuilds[k + 1][0] if k + 1 < len(rebuilds) else len(grads)

