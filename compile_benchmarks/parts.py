@@ -9,8 +9,9 @@ torch.func workloads*) quotes this table. The parts:
 
 * ``functional_call``: the forward through ``tdfunc.functional_call`` vs
   ``torch.func.functional_call``;
-* ``write tracker``: ``tdfunc``'s copy-on-write, write-tracking call vs
-  ``torch.func.functional_call``, both on the same flat dict with ``tie_weights=False``;
+* ``write tracker``: ``tdfunc.functional_call`` (copy-on-write copies, writes read from
+  torch) vs ``torch.func.functional_call``, both on the same flat dict with
+  ``tie_weights=False``;
 * ``grad_and_value``, the ``SGD update`` and the pytree ``tree_flatten`` / ``tree_unflatten``
   of the parameters.
 
@@ -33,8 +34,8 @@ import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
+import tdfunc
 from compile_benchmarks.test_bench_workloads import caller, mlp, params_of, sgd
-from tdfunc.nn._state import call_tracking_writes
 
 
 def _chunk(fn: Callable[[], Any], n: int) -> float:
@@ -81,7 +82,7 @@ def parts() -> dict[str, tuple[Callable[[], Any], Callable[[], Any], int]]:
             200,
         ),
         "write tracker (same dict, tie_weights=False)": (
-            lambda: call_tracking_writes(model, flat, (x,), None, False),
+            lambda: tdfunc.functional_call(model, flat, (x,), tie_weights=False),
             lambda: torch.func.functional_call(model, flat, (x,), tie_weights=False),
             200,
         ),
