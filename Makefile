@@ -86,7 +86,7 @@ fuzz: $(STAMP)
 	TDFUNC_FOREACH_ALL=1 $(THREADS) $(PY) -m pytest -q -p no:cacheprovider -n 2 tests/test_nn_foreach.py
 
 demo: $(STAMP)
-	@set -e; for f in examples/*.py; do echo "== $$f"; $(PY) $$f; done
+	@set -e; for f in examples/*.py; do echo "== $$f"; $(THREADS) $(PY) $$f; done
 
 # make bench resumes where it stopped: each benchmark file is stored as it completes and
 # skipped next time for the same commit (FORCE=1: measure all again). The compile-cost rows

@@ -1279,6 +1279,36 @@ def test_a_pattern_that_matches_nothing_is_an_error(
     )
 
 
+def test_multi_transform_pattern_that_labels_nothing_is_an_error() -> None:
+    """A typo in a label pattern used to send every leaf to the catch-all (often frozen)."""
+    params = tdfunc.TensorDict(layer={"weight": torch.ones(2, 2), "bias": torch.ones(2)})
+    opts = {"train": optim.sgd(lr=1.0), "frozen": optim.set_to_zero()}
+    typo = optim.multi_transform(opts, {"*.bais": "train", "*": "frozen"})
+    with pytest.raises(KeyError) as e:
+        typo.init(params)
+    assert e.value.args[0] == E.MASK_NO_MATCH.format(
+        what="multi_transform.init", pattern="*.bais", nearest="layer.bias"
+    )
+    # a pattern whose every leaf an earlier pattern took is as silent as a typo
+    shadowed = optim.multi_transform(opts, {"*": "frozen", "*.bias": "train"})
+    with pytest.raises(KeyError) as e:
+        shadowed.init(params)
+    assert e.value.args[0] == E.LABEL_SHADOWED.format(
+        what="multi_transform.init", pattern="*.bias", earlier="*"
+    )
+    # at update too (grads of another model), and the input is left as it was
+    good = optim.multi_transform(opts, {"*.bias": "train", "*": "frozen"})
+    state = good.init(params)
+    other = tdfunc.TensorDict(head={"weight": torch.ones(2, 2)})
+    with pytest.raises(KeyError) as e:
+        good.update(other, state, other)
+    assert e.value.args[0].startswith("multi_transform.update: the key pattern '*.bias'")
+    u, _ = good.update(params, state, params)
+    assert u["layer", "bias"].tolist() == [-1.0, -1.0]
+    assert u["layer", "weight"].eq(0).all()
+    assert params["layer", "bias"].tolist() == [1.0, 1.0]
+
+
 def test_a_pattern_that_matches_nothing_at_update_is_an_error() -> None:
     params = tdfunc.TensorDict(layer={"weight": torch.ones(2, 2), "bias": torch.ones(2)})
     opt = optim.masked(optim.sgd(lr=0.1), "layer.*")

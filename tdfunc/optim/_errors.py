@@ -119,6 +119,11 @@ MASK_NO_MATCH = (
     "{what}: the key pattern {pattern!r} matches no leaf (nearest key: {nearest!r}); "
     "patterns are globs over the '.'-joined key paths, e.g. '*.bias'"
 )
+#: A label pattern of multi_transform whose every leaf an earlier pattern took (first match wins).
+LABEL_SHADOWED = (
+    "{what}: the key pattern {pattern!r} labels no leaf: every leaf it matches is taken by the "
+    "earlier pattern {earlier!r} (the first matching pattern wins); put it before that one"
+)
 #: A mask that selects no leaf at all.
 MASK_SELECTS_NOTHING = (
     "{what}: the mask selects no leaf (keys: {keys}); a mask that selects nothing switches the "

@@ -370,7 +370,9 @@ def multi_transform(
     ``(key_path, leaf) -> name``, or a mapping ``{key pattern: name}`` where the first pattern
     that matches the ``"."``-joined key path wins (``"*"`` as the last pattern catches the
     rest). A leaf whose name is not in ``transforms`` raises ``KeyError`` naming it; use
-    :func:`set_to_zero` for frozen leaves. The state holds one entry per name.
+    :func:`set_to_zero` for frozen leaves. Each pattern must label at least one leaf: one
+    that matches no leaf (a typo) or only leaves an earlier pattern took raises ``KeyError``
+    naming it. The state holds one entry per name.
 
     Example:
         >>> import torch, tdfunc
@@ -413,8 +415,32 @@ def multi_transform(
             raise KeyError(E.NO_LABEL.format(key=fmt_path(path), label=name, labels=names))
         return name
 
+    def check_patterns(node: Any, what: str) -> None:
+        # each pattern of a mapping labels at least one leaf: a typo or a pattern shadowed by
+        # an earlier one would send its leaves to another transformation without a word
+        if not isinstance(labels, Mapping):
+            return
+        pairs = leaves_with_paths(node)
+        patterns = list(labels)
+        winners = set()
+        for path, _ in pairs:
+            dotted = ".".join(path)
+            for j, pattern in enumerate(patterns):
+                if glob_match(pattern, dotted):
+                    winners.add(j)
+                    break
+        for j, pattern in enumerate(patterns):
+            if j in winners:
+                continue
+            check_selection(pattern, pairs, [True], what)  # raises when it matches no leaf
+            earlier = next(
+                p for p in patterns[:j] if any(glob_match(p, ".".join(k)) for k, _ in pairs)
+            )
+            raise KeyError(E.LABEL_SHADOWED.format(what=what, pattern=pattern, earlier=earlier))
+
     def init(params: Any) -> Any:
         check_container(params, "multi_transform.init")
+        check_patterns(params, "multi_transform.init")
         parts = _split(params, None, checked, names)
         return make_state(
             "multi_transform",
@@ -426,6 +452,7 @@ def multi_transform(
         what = "multi_transform.update"
         params = grads_and_params(grads, params, what, False)
         st = open_state(state, "multi_transform", names, grads, what)
+        check_patterns(grads, what)
         parts = _split(grads, params, checked, names)
         new: dict[str, Any] = {}
         merged = []
