@@ -24,14 +24,15 @@ from ._donate import compile as compile  # tdfunc.compile, as torch.compile
 from ._errors import InPlaceError, KeysDifferError, NodeTypesDifferError, StructureError
 from ._export import dynamic_batch_shapes
 from ._grad import value_and_grad
+from ._jagged._batch import as_jagged, collate_jagged, from_padded, to_padded
+from ._jagged._layout import JaggedOpError
+from ._jagged._sampler import LengthGroupedSampler
 from ._nontensor import NonTensor
 from ._ops import cat, empty_like, full_like, ones_like, stack, zeros_like
 from ._ops._pad import pad, pad_sequence
-from ._ragged import JaggedOpError
 from ._tensorclass import is_tensorclass, tensorclass
 from ._tree import OPTREE_NAMESPACE
 from ._tree import is_node as is_container
-from ._varlen import as_jagged, collate_jagged, from_padded, to_padded
 from ._version import __version__
 from .interop._errors import SafetensorsFormatError
 from .interop._safetensors import load_safetensors, save_safetensors
@@ -86,6 +87,7 @@ __all__ = [
     "InPlaceError",
     "JaggedOpError",
     "KeysDifferError",
+    "LengthGroupedSampler",
     "MemmapFormatError",
     "MemoryMappedTensor",
     "NodeTypesDifferError",

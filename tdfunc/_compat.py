@@ -23,6 +23,8 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | assert_async                   | torch._assert_async                                    | ok   | ok   | ok   | none yet           |
 | is_batchedtensor               | torch._C._functorch.is_batchedtensor                   | ok   | ok   | ok   | none yet           |
 | functorch_transforms_active    | torch._C._are_functorch_transforms_active              | ok   | -    | ok   | none yet           |
+| undo_compiled_grad_hooks_switch| torch._C._autograd._saved_tensors_hooks_get_disabled_ | ok   | ok   | ok   | none yet           |
+|                                | error_message, _saved_tensors_hooks_enable             |      |      |      |                    |
 | is_functorch_wrapped_tensor    | torch._C._functorch.is_functorch_wrapped_tensor        | ok   | ok   | ok   | none yet           |
 | get_unwrapped                  | torch._C._functorch.get_unwrapped                      | ok   | ok   | ok   | none yet           |
 | maybe_get_bdim                 | torch._C._functorch.maybe_get_bdim                     | ok   | ok   | ok   | none yet           |
@@ -61,6 +63,7 @@ Versions checked: 2.13, 2.14, 2.15 ("ok": present and behaving as the shim expec
 | recompute_collectives (lazy)   | torch._functorch.config.patch(unsafe_allow_optimiza-   | ok   | ok   | ok   | none yet           |
 |                                | tion_of_collectives, activation_memory_budget)         |      |      |      |                    |
 | compiled_graphs (lazy)         | torch._dynamo.utils.counters["stats"]["unique_graphs"] | ok   | -    | ok   | none yet           |
+| maybe_mark_dynamic (lazy)      | torch._dynamo.maybe_mark_dynamic                       | ok   | -    | -    | none yet           |
 | trace_autograd (lazy)          | torch._dynamo.config.trace_autograd_ops (set, restored)| ok   | -    | ok   | none yet           |
 | autograd_traced (lazy)         | torch._dynamo.config.trace_autograd_ops (read)         | ok   | -    | ok   | none yet           |
 
@@ -248,6 +251,40 @@ is_batchedtensor = _function(lambda: torch._C._functorch.is_batchedtensor, _FUNC
 functorch_transforms_active = _function(
     lambda: torch._C._are_functorch_transforms_active, _FUNCTORCH
 )
+
+_HOOKS = "autograd's saved-tensor hooks switch (torch._C._autograd)"
+_hooks_disabled_message = _function(
+    lambda: torch._C._autograd._saved_tensors_hooks_get_disabled_error_message, _HOOKS
+)
+_hooks_enable = _function(lambda: torch._C._autograd._saved_tensors_hooks_enable, _HOOKS)
+#: the start of the message with which ``torch.func.grad`` / ``vjp`` disable the hooks
+_FUNC_HOOKS_MESSAGE = "torch.func.{grad, vjp, jacrev, hessian}"
+
+
+def undo_compiled_grad_hooks_switch() -> None:
+    """Enable autograd's saved-tensor hooks again where a compiled ``torch.func.grad`` (or
+    ``vjp``) program disabled them and is being left by an exception: the graph disables
+    them for its body and enables them at its end, which an exception skips, so every later
+    ``saved_tensors_hooks`` of the process would fail (torch 2.13-2.15, Dynamo's own graph;
+    eager ``torch.func`` restores them itself). Called just before a compiled program raises
+    one of tdfunc's typed errors; a switch made by the caller (another message, or an active
+    ``torch.func`` transform, whose exit restores it) is left alone.
+
+    Example:
+        >>> undo_compiled_grad_hooks_switch()  # nothing disabled: nothing to do
+        >>> import torch
+        >>> torch._C._autograd._saved_tensors_hooks_get_disabled_error_message() is None
+        True
+    """
+    message = _hooks_disabled_message()
+    if (
+        message is not None
+        and message.startswith(_FUNC_HOOKS_MESSAGE)
+        and not functorch_transforms_active()
+    ):
+        _hooks_enable()
+
+
 #: whether a tensor is wrapped by a functorch transform (vmap or grad level)
 is_functorch_wrapped_tensor = _function(
     lambda: torch._C._functorch.is_functorch_wrapped_tensor, _FUNCTORCH
@@ -499,6 +536,19 @@ def compiled_graphs() -> int:
         return int(utils.counters["stats"]["unique_graphs"])
     except (AttributeError, KeyError, TypeError):
         missing("compile counts (torch._dynamo.utils.counters)", _MIN)
+
+
+def maybe_mark_dynamic(t: Tensor, dim: int) -> None:
+    """Tell Dynamo that dim ``dim`` of the input ``t`` varies between calls
+    (``torch._dynamo.maybe_mark_dynamic``): its first compile is symbolic in that dim instead
+    of specialising and compiling again at the second size; unlike ``mark_dynamic`` it never
+    raises when the compile specialises the dim. Imports ``torch._dynamo``: only called by
+    ``tdfunc.compile``'s boundary, which compiles anyway."""
+    try:
+        from torch._dynamo import maybe_mark_dynamic as mark
+    except ImportError:
+        missing("dynamic dims of compiled inputs (torch._dynamo.maybe_mark_dynamic)", _MIN)
+    mark(t, dim)
 
 
 class _TraceAutograd:

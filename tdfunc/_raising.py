@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from ._compat import undo_compiled_grad_hooks_switch
 from ._twins import traced_as
 
 #: the exception types :func:`refuse` carries through a compiled program, by name
@@ -29,6 +30,7 @@ _LIB.define("refuse_if(Tensor cond, str kind, str message) -> ()")
 
 
 def _refuse_kernel(kind: str, message: str) -> None:
+    undo_compiled_grad_hooks_switch()  # the program is left by this exception
     raise _TYPES[kind](message)
 
 
@@ -38,6 +40,7 @@ def _refuse_fake(kind: str, message: str) -> None:
 
 def _refuse_if_kernel(cond: torch.Tensor, kind: str, message: str) -> None:
     if bool(cond.any()):
+        undo_compiled_grad_hooks_switch()
         raise _TYPES[kind](message)
 
 

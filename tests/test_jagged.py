@@ -12,7 +12,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
 from tdfunc import JaggedOpError, TensorDict
-from tdfunc import _ragged as R
+from tdfunc._jagged import _layout as R
 from tdfunc.memmap import _errors as ME
 
 LENS = (4, 2, 3)
@@ -457,10 +457,10 @@ def test_as_jagged_stacks_leaves_of_one_shape_unless_named():
 
 
 def test_as_jagged_errors():
-    with pytest.raises(ValueError, match=re.escape(tdfunc._varlen.AS_JAGGED_EMPTY)):
+    with pytest.raises(ValueError, match=re.escape(tdfunc._jagged._batch.AS_JAGGED_EMPTY)):
         tdfunc.as_jagged([])
     bad = [TensorDict(x=torch.zeros(2, 3)), TensorDict(x=torch.zeros(2, 4))]
-    msg = tdfunc._varlen.AS_JAGGED_SHAPE.format(key="'x'", got=(2, 4), index=1, want=(2, 3))
+    msg = tdfunc._jagged._batch.AS_JAGGED_SHAPE.format(key="'x'", got=(2, 4), index=1, want=(2, 3))
     with pytest.raises(ValueError, match=re.escape(msg)):
         tdfunc.as_jagged(bad)
     with pytest.raises(ValueError, match=re.escape("sample 0 has batch_size (2, 2)")):

@@ -21,7 +21,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import tdfunc
 from tdfunc import JaggedOpError, TensorDict
-from tdfunc import _ragged as R
+from tdfunc._jagged import _layout as R
 
 LENS = (5, 9, 3)
 MASK = torch.tensor([True, False, True])

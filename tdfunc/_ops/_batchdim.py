@@ -42,8 +42,8 @@ from torch import Tensor
 
 from .. import _errors as E
 from .._compat import pad_sequence_op
-from .._ragged import layout_of
-from .._ragged import refuse as refuse_jagged
+from .._jagged._layout import layout_of
+from .._jagged._layout import refuse as refuse_jagged
 from .._tree import is_node, leaves, leaves_and_nontensors, map_leaves
 from ._indexing import index
 from ._math import elementwise

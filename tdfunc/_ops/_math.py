@@ -28,7 +28,7 @@ from .._compat import (
     functorch_transforms_active,
     is_batchedtensor,
 )
-from .._ragged import has_jagged
+from .._jagged._layout import has_jagged
 from .._tree import is_node, leaves, with_leaves
 from .._twins import traced_as
 from ._structure import check_batch_invariant, match_operands, match_structure
@@ -159,7 +159,7 @@ def _can_foreach(ls: list[Tensor]) -> bool:
     Eagerly no leaf is checked for vmap while no functorch transform is active, and the
     attributes are read through C getters (20 leaves: 2.4 -> 0.9 us); Dynamo traces the twin
     below, which reads the same facts leaf by leaf. A jagged leaf (``torch.nested``, asked
-    under its transform wrappers: ``_ragged.has_jagged``) has no foreach kernels: the leaves
+    under its transform wrappers: ``_jagged._layout.has_jagged``) has no foreach kernels: the leaves
     of its container go one by one."""
     if not ls or (functorch_transforms_active() and any(map(_is_batched, ls))):
         return False

@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._compat import OpOverload, OpOverloadPacket, unary_foreach
-from .._ragged import align as jagged_align
-from .._ragged import call_aligned as jagged_call_aligned
-from .._ragged import has_jagged, is_jagged
+from .._jagged._layout import align as jagged_align
+from .._jagged._layout import call_aligned as jagged_call_aligned
+from .._jagged._layout import has_jagged, is_jagged
 from .._tree import flat_leaves, is_node, leaves, rebuild_flat, with_leaves
 from .._twins import constant_when_traced, traced_as
 from ._math import _can_foreach, check_plain_operand, fits_batch

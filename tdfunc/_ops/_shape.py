@@ -15,9 +15,9 @@ from torch import Tensor
 
 from .. import _errors as E
 from .. import _nontensor as nontensor
+from .._jagged._layout import has_jagged, is_jagged
+from .._jagged._layout import map_batch as jagged_map_batch
 from .._nontensor import NonTensor
-from .._ragged import has_jagged, is_jagged
-from .._ragged import map_batch as jagged_map_batch
 from .._tree import leaves_and_nontensors, map_leaves
 from ._structure import _needs_a_batch_dim, norm_dim
 

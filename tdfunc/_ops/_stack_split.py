@@ -12,12 +12,12 @@ from torch import Tensor
 
 from .. import _errors as E
 from .. import _nontensor as nontensor
+from .._jagged._layout import cat as jagged_cat
+from .._jagged._layout import has_jagged, is_jagged
+from .._jagged._layout import refuse as refuse_jagged
+from .._jagged._layout import split as jagged_split
 from .._keys import fmt_key
 from .._nontensor import NonTensor
-from .._ragged import cat as jagged_cat
-from .._ragged import has_jagged, is_jagged
-from .._ragged import refuse as refuse_jagged
-from .._ragged import split as jagged_split
 from .._tree import leaves, leaves_and_nontensors, leaves_with_paths, map_leaves
 from ._shape import _probe
 from ._structure import _needs_a_batch_dim, match_structure, norm_dim

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._ragged import from_jagged_parts, has_jagged, is_jagged, jagged_parts
+from .._jagged._layout import from_jagged_parts, has_jagged, is_jagged, jagged_parts
 from .._tree import leaves, leaves_with_paths, map_leaves
 from ._structure import check_batch_invariant, match_structure
 

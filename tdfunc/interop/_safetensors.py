@@ -49,9 +49,9 @@ from torch import Tensor
 
 from .. import _nontensor as nontensor
 from .._compat import pytree
+from .._jagged._layout import from_read_parts, is_jagged, jagged_problem, under_wrappers
 from .._keys import fmt_key
 from .._nontensor import NonTensor
-from .._ragged import from_read_parts, is_jagged, jagged_problem, under_wrappers
 from .._tensorclass import restore
 from .._tree import KeyPath, Node, is_node
 from ..memmap._tensor import (

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._ragged import under_wrappers
+from .._jagged._layout import under_wrappers
 from . import _errors as E
 
 MODES = ("r", "r+", "c")

@@ -69,10 +69,10 @@ from torch import Tensor
 
 from .. import _nontensor as nontensor
 from .._compat import pytree
+from .._jagged._layout import from_read_parts, is_jagged, jagged_problem
 from .._json import loads_unique
 from .._keys import fmt_key
 from .._nontensor import NonTensor
-from .._ragged import from_read_parts, is_jagged, jagged_problem
 from .._shapes import SHAPE_UNSAVED, shape_problem
 from .._tensorclass import is_tensorclass, restore
 from .._tree import KeyPath, Node, is_node, leaves_with_paths
@@ -657,7 +657,7 @@ class _Reader:
 
     def jagged(self, entry: dict[str, Any], path: KeyPath, bs: torch.Size) -> Tensor:
         """A jagged leaf from its stored values, offsets and lengths, checked before torch
-        builds it (:func:`tdfunc._ragged.jagged_problem`: one of the layouts torch builds,
+        builds it (:func:`tdfunc._jagged._layout.jagged_problem`: one of the layouts torch builds,
         one more offset than the batch's rows). Loaded into memory (a bit-for-bit copy): a
         jagged tensor holds its values as a plain tensor, which a read-only map could not
         keep read-only."""

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._jagged._layout import is_jagged
 from .._keys import ABSENT, KeyPath, child, fmt_key
 from .._nontensor import NonTensor
 from .._ops._indexing import normalize_index
-from .._ragged import is_jagged
 from .._tree import Node, is_node, leaves
 from . import _errors as E
 from ._memory_mapped_tensor import MemoryMappedTensor

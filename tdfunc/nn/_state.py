@@ -41,7 +41,7 @@ from .._compat import (
     maybe_get_level,
 )
 from .._compat import is_functorch_wrapped_tensor as _is_wrapped
-from .._ragged import under_wrappers
+from .._jagged._layout import under_wrappers
 from ..memmap._tensor import MemoryMappedTensor
 from ._versions import record_unrecorded_writes, unwrapped, write_marks
 

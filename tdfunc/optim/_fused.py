@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .. import _compat as C
-from .._ragged import layout_of
+from .._jagged._layout import layout_of
 
 #: ``kernel(lr, weight_decay, params, grads, buffers, count, decay picks)``: writes ``params``
 #: and ``buffers`` (tensors this module gave it) in place

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from .._compat import assert_async
+from .._jagged._layout import is_jagged
 from .._keys import ABSENT, as_path, fmt_key, get_path
-from .._ragged import is_jagged
 from .._tree import KeyPath, Node, is_node, leaves, leaves_with_paths, map_leaves
 
 Key = str | tuple[str, ...]

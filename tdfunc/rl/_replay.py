@@ -34,10 +34,10 @@ from torch import Tensor
 
 from .. import _donate
 from .._base import Container
+from .._jagged._layout import is_jagged
 from .._keys import fmt_key
 from .._ops import zeros_like
 from .._ops._indexing import index as index_rows
-from .._ragged import is_jagged
 from .._raising import refuse_if
 from .._tensorclass import tensorclass
 from .._tree import is_node, leaves, leaves_with_paths, map_leaves, shallow_copy

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._jagged._batch import as_jagged
 from .._keys import ABSENT, as_path, fmt_key, get_path
 from .._ops._indexing import index as index_rows
 from .._raising import refuse_if
 from .._tree import leaves_with_paths
-from .._varlen import as_jagged
 from ..tensordict import TensorDict
 from ._replay import ReplayState, _check_int, check_state
 

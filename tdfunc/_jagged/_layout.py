@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._compat import (
+from .._compat import (
     functorch_level,
     functorch_transforms_active,
     get_unwrapped,
@@ -46,9 +46,9 @@ from ._compat import (
     unwrap_batched,
     unwrap_for_grad,
 )
-from ._errors import JaggedOpError as JaggedOpError
-from ._tree import Node, leaves_with_paths
-from ._twins import traced_as
+from .._errors import JaggedOpError as JaggedOpError
+from .._tree import Node, leaves_with_paths
+from .._twins import traced_as
 
 JAGGED_OP = (
     "key {key}: {op} is not defined by torch on the batch dim of a jagged (torch.nested) "
@@ -231,7 +231,7 @@ def usable(x: Any, node: Any, i: int, op: str) -> Any:
 
 def first_jagged(node: Node) -> int | None:
     """The position of the first jagged leaf of ``node`` (``None`` when it has none)."""
-    from ._tree import leaves
+    from .._tree import leaves
 
     for i, x in enumerate(leaves(node)):
         if is_jagged(x):
