@@ -34,8 +34,8 @@ from torch import Tensor
 
 from . import _errors as E
 from ._compat import compiled_graphs, is_traceable_wrapper_subclass, pytree, trace_autograd
+from ._jagged._layout import layout_of, under_wrappers
 from ._keys import fmt_key
-from ._ragged import layout_of, under_wrappers
 from ._tree import KeyPath, Node, is_node, leaves, leaves_with_paths
 
 
