@@ -69,6 +69,34 @@ assert first["tok"].shape == (2, 20)
 assert first["masks", "tok"].sum().item() == 25
 # --8<-- [end:prompts]
 
+# --8<-- [start:shapes]
+# fixed shapes for a compiled step: batches of similar lengths, padded to a multiple of 8
+# (a handful of shapes over an epoch), or to one length with long rows truncated
+lengths = [len(d["tok"]) for d in data]
+grouped = DataLoader(
+    data,
+    batch_sampler=tdfunc.LengthGroupedSampler(lengths, batch_size=2),
+    # keys: the leaves padded in every batch, also one whose rows have one length
+    collate_fn=functools.partial(
+        tdfunc.collate_jagged, pad=True, keys=["tok"], pad_to_multiple_of=8
+    ),
+)
+assert {b["tok"].shape[1] for b in grouped} == {8, 24}
+fixed = DataLoader(
+    data,
+    batch_size=2,
+    collate_fn=functools.partial(
+        tdfunc.collate_jagged,
+        pad=True,
+        keys=["tok"],
+        length=16,
+        max_length=16,
+        padding_side="left",
+    ),
+)
+assert {b["tok"].shape for b in fixed} == {torch.Size([2, 16]), torch.Size([1, 16])}
+# --8<-- [end:shapes]
+
 # --8<-- [start:store]
 with tempfile.TemporaryDirectory() as tmp:
     tdfunc.save(batch, Path(tmp) / "episodes")  # values, offsets and the text (as JSON)

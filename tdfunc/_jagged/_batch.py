@@ -111,6 +111,11 @@ PAD_TOO_LONG = (
     "to_padded: key {key} has a row longer than length={length}; pass max_length= to "
     "truncate the rows (truncation_side= says which end is cut)"
 )
+PAD_NEEDS_KEYS = (
+    "collate_jagged: {name}= gives fixed shapes only if every batch pads the same leaves: name "
+    "the variable-length leaves with keys= (a batch whose rows happen to have one length "
+    "would otherwise stack them unpadded)"
+)
 PAD_NEEDS_PAD = (
     "collate_jagged: {name}= pads or truncates the batch: pass pad=True with it "
     "(pad=False returns the jagged batch as it is)"
@@ -212,13 +217,13 @@ def to_padded(
                     f"key {fmt_key(path)}: to_padded needs the ragged dim at dim 1, "
                     f"got {base._ragged_idx}"
                 )
-            dense = x.to_padded_tensor(value)
-            if plain:
+            if plain and base.lengths() is None:
+                dense = x.to_padded_tensor(value)
                 out.append(dense)
                 masks[path] = _mask(base, dense.shape[1])
                 continue
             dense, mask = _fit(
-                dense,
+                x,
                 base,
                 value,
                 fmt_key(path),
@@ -251,7 +256,7 @@ def _mask(x: Any, width: int) -> Tensor:
 
 
 def _fit(
-    dense: Tensor,
+    x: Any,
     base: Any,
     value: float,
     key: str,
@@ -261,17 +266,30 @@ def _fit(
     cut_left: bool,
     pad_left: bool,
 ) -> tuple[Tensor, Tensor]:
-    """``dense`` (a jagged leaf padded on the right to its longest row ``L``) moved into rows
-    of the asked width: each output position reads the entry of ``dense`` it shows, or an
-    extra column of ``value``. Shapes come from ``L`` and the options only (no value read
-    back): one compiled graph per output width, and none per input length when ``length``
-    is given."""
+    """Jagged leaf ``x`` (``base``: the tensor under its transform wrappers) as rows of the
+    asked width: each output position reads the entry it shows, or ``value``. Without holes
+    (no ``lengths``) the entries come from ``x`` padded on the right to its longest row
+    ``L`` (torch's ``to_padded_tensor``) and the shapes from ``L`` and the options only (no
+    value read back: one compiled graph per output width, none per input length when
+    ``length`` is given); with holes (rows made by ``torch.nested.narrow``, which
+    ``to_padded_tensor`` refuses) from its values, the longest row read back."""
     from .._raising import refuse_if
 
-    rows, longest = dense.shape[0], dense.shape[1]
     off = base.offsets()
     lengths = base.lengths()
+    holes = lengths is not None
     lens = off[1:] - off[:-1] if lengths is None else lengths
+    rows = lens.shape[0]
+    if holes:
+        source = x.values()
+        longest = int(lens.max()) if rows else 0
+        starts = off[:-1].unsqueeze(1)
+        along = 0
+    else:
+        source = x.to_padded_tensor(value)
+        longest = source.shape[1]
+        starts = torch.zeros_like(off[:-1]).unsqueeze(1)
+        along = 1
     kept = lens if max_length is None else lens.clamp(max=max_length)
     widest = longest if max_length is None else torch.sym_min(longest, max_length)
     width = widest if length is None else length
@@ -284,10 +302,14 @@ def _fit(
     pos = torch.arange(width, device=lens.device)
     rel = pos - lead.unsqueeze(1)  # the position within the kept data
     mask = (rel >= 0) & (rel < kept.unsqueeze(1))
-    src = torch.where(mask, rel + first.unsqueeze(1), longest)  # ``longest``: the pad column
-    extra = dense.new_full((rows, 1, *dense.shape[2:]), value)
-    padded = torch.cat([dense, extra], 1)
-    src = src.reshape(rows, width, *([1] * (dense.dim() - 2))).expand(rows, width, *dense.shape[2:])
+    pad_at = source.shape[along]  # the index of the padding entry appended below
+    src = torch.where(mask, starts + first.unsqueeze(1) + rel, pad_at)
+    trail = source.shape[along + 1 :]
+    if holes:
+        padded = torch.cat([source, source.new_full((1, *trail), value)], 0)
+        return padded[src], mask
+    padded = torch.cat([source, source.new_full((rows, 1, *trail), value)], 1)
+    src = src.reshape(rows, width, *([1] * len(trail))).expand(rows, width, *trail)
     return padded.gather(1, src), mask
 
 
@@ -322,6 +344,7 @@ def collate_jagged(
     pad: bool = False,
     value: float = 0.0,
     mask_key: Any = "masks",
+    keys: Sequence[Any] | None = None,
     length: int | None = None,
     pad_to_multiple_of: int | None = None,
     max_length: int | None = None,
@@ -332,8 +355,11 @@ def collate_jagged(
     samples, or with ``pad=True`` :func:`to_padded` of it (dense leaves and their masks), with
     :func:`to_padded`'s options: a fixed ``length`` or a ``pad_to_multiple_of`` give a
     compiled step one shape or a handful (with :class:`tdfunc.LengthGroupedSampler`, batches
-    of similar lengths pad little), ``max_length`` truncates. The options need ``pad=True``
-    (``ValueError`` otherwise).
+    of similar lengths pad little), ``max_length`` truncates. ``keys`` names the leaves that
+    are jagged in every batch (:func:`as_jagged`), even one whose rows happen to have one
+    length; ``length`` and ``pad_to_multiple_of`` need it (a leaf stacked unpadded would
+    give that batch another shape). The options need ``pad=True`` (``ValueError``
+    otherwise).
 
     Example:
         >>> import functools, torch, tdfunc
@@ -345,7 +371,9 @@ def collate_jagged(
         >>> padded = functools.partial(tdfunc.collate_jagged, pad=True, value=-1)
         >>> next(iter(DataLoader(data, batch_size=2, collate_fn=padded)))["tok"].tolist()
         [[0, 1, 2], [0, -1, -1]]
-        >>> fixed = functools.partial(tdfunc.collate_jagged, pad=True, length=4, max_length=4)
+        >>> fixed = functools.partial(
+        ...     tdfunc.collate_jagged, pad=True, keys=["tok"], length=4, max_length=4
+        ... )
         >>> [b["tok"].shape[1] for b in DataLoader(data, batch_size=2, collate_fn=fixed)]
         [4, 4]
     """
@@ -360,7 +388,11 @@ def collate_jagged(
         for name, v in options.items():
             if v is not None:
                 raise ValueError(PAD_NEEDS_PAD.format(name=name))
-    out = as_jagged(batch)
+    elif keys is None:
+        for name, v in (("length", length), ("pad_to_multiple_of", pad_to_multiple_of)):
+            if v is not None:
+                raise ValueError(PAD_NEEDS_KEYS.format(name=name))
+    out = as_jagged(batch, keys)
     if not pad:
         return out
     return to_padded(
