@@ -53,7 +53,9 @@ def run_route(route: str) -> dict[str, Any]:
         )
     elif route == "multiple":
         sampler = tdfunc.LengthGroupedSampler(lengths, batch_size=8, group_size=4)
-        pad16 = functools.partial(tdfunc.collate_jagged, pad=True, keys=["tok"], pad_to_multiple_of=16)
+        pad16 = functools.partial(
+            tdfunc.collate_jagged, pad=True, keys=["tok"], pad_to_multiple_of=16
+        )
         loader = DataLoader(data, batch_sampler=sampler, collate_fn=pad16)
     elif route == "fixed":
         loader = DataLoader(
@@ -62,17 +64,21 @@ def run_route(route: str) -> dict[str, Any]:
             collate_fn=functools.partial(tdfunc.collate_jagged, pad=True, keys=["tok"], length=96),
         )
     else:
-        loader = DataLoader(data, batch_size=8, collate_fn=functools.partial(tdfunc.collate_jagged, keys=["tok"]))
+        loader = DataLoader(
+            data, batch_size=8, collate_fn=functools.partial(tdfunc.collate_jagged, keys=["tok"])
+        )
 
     def loss_fn(params: Any, batch: Any) -> Any:
         if route == "jagged":
             batch = tdfunc.to_padded(batch, 0, pad_to_multiple_of=16)
         tok, mask = batch["tok"], batch["masks", "tok"]
         labels = torch.where(mask, tok, -100)
-        out = tdfunc.functional_call(
-            model, params, (tok,), {"attention_mask": mask.long(), "labels": labels}
+        logits = tdfunc.functional_call(
+            model, params, (tok,), {"attention_mask": mask.long()}
+        ).logits
+        return torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100
         )
-        return out.loss
 
     opt = tdfunc.optim.adamw(lr=1e-3)
 
