@@ -11,7 +11,8 @@ time; each a ratio tdfunc / torchrl as the median of paired rounds with the A/A 
   ``action`` ``[6]``, ``reward``, ``done``; 1021 bytes a row). In memory: ``rl.ReplayBuffer``
   (``rl.add(..., donate=True)``: the rows written into its own tensors) against
   ``ReplayBuffer(storage=LazyTensorStorage(ROWS)).extend``; on disk: ``rl.ReplayBuffer.create``
-  (``rl.store_add``: a lock, the rows, the counter that commits them) against
+  (``rl.store_add``'s commit: a lock, the rows with one copy a leaf, the counter that commits
+  them; the store checked once, each structure of batch once) against
   ``LazyMemmapStorage(ROWS, scratch_dir=...)``. Both write in place.
 * ``replay_sample_256_{memory,disk}``: 256 rows drawn uniformly (torch's global generator on
   both sides) and gathered into memory: ``buffer.sample(256)`` (on disk through

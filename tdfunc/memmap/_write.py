@@ -31,6 +31,7 @@ from .._ops._indexing import normalize_index
 from .._tree import Node, is_node, leaves
 from . import _errors as E
 from ._memory_mapped_tensor import MemoryMappedTensor
+from ._op_rules import _mapped
 
 #: the number kinds a value may be instead of a container (written into every leaf)
 _NUMBERS = (bool, int, float)
@@ -204,6 +205,48 @@ def writable_file(node: Any) -> str | None:
     return None
 
 
+# Trusted writes for callers that checked the store once (:func:`check_writable`, and
+# :func:`check_rows` for the value) and then write a few times: straight into the mapped
+# memory, without a leaf's per-op checks. The leaf's version counter moves as it does for a
+# write through the leaf; a leaf being traced (no real mapped memory) takes the checked way.
+def write_rows(leaf: Tensor, first: int, value: Any) -> None:
+    """``value`` (rows of ``leaf``, cast to its dtype) into rows ``first ..`` of ``leaf``,
+    a checked read-write leaf: one copy through the mapping.
+
+    Example:
+        >>> import os, tempfile, torch, tdfunc
+        >>> path = os.path.join(tempfile.mkdtemp(), "data")
+        >>> store = tdfunc.memmap_like(tdfunc.TensorDict(x=torch.zeros(4), batch_size=[4]), path)
+        >>> write_rows(store["x"], 1, torch.tensor([1, 2]))
+        >>> tdfunc.load(path)["x"].tolist()
+        [0.0, 1.0, 2.0, 0.0]
+    """
+    t = _mapped(leaf)
+    n = value.shape[0] if isinstance(value, Tensor) else 1
+    if t is None:
+        leaf[first : first + n] = value
+        return
+    t[first : first + n] = value
+    torch.autograd.graph.increment_version(leaf)
+
+
+def read_scalar(leaf: Tensor) -> int:
+    """The value of the one-element integer ``leaf`` (read from the mapping)."""
+    t = _mapped(leaf)
+    return int(leaf if t is None else t)
+
+
+def write_scalar(leaf: Tensor, value: int) -> None:
+    """``value`` into the one-element ``leaf``, a checked read-write leaf (one aligned store
+    of its dtype, as ``leaf.fill_(value)``)."""
+    t = _mapped(leaf)
+    if t is None:
+        leaf.fill_(value)
+        return
+    t.fill_(value)
+    torch.autograd.graph.increment_version(leaf)
+
+
 def write_at(store: Any, index: Any, value: Any) -> None:
     """Write ``value`` into the file of the writable store ``store`` at batch ``index``, in
     place: the explicit store write (``td[index] = value`` on a container is refused, and
@@ -277,4 +320,13 @@ def write_at(store: Any, index: Any, value: Any) -> None:
         leaf[key] = v.to(device=leaf.device, dtype=leaf.dtype) if isinstance(v, Tensor) else v
 
 
-__all__ = ["check_rows", "check_writable", "pair_leaves", "writable_file", "write_at"]
+__all__ = [
+    "check_rows",
+    "check_writable",
+    "pair_leaves",
+    "read_scalar",
+    "writable_file",
+    "write_at",
+    "write_rows",
+    "write_scalar",
+]

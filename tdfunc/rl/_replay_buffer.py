@@ -28,9 +28,9 @@ from ._replay import (
 )
 from ._replay_slices import Key, sample_episodes, sample_slices
 from ._replay_store import (
+    StoreWriter,
     create_store,
     open_store,
-    store_add,
     store_sample,
     store_update_priorities,
 )
@@ -70,12 +70,14 @@ class ReplayBuffer:
             example, capacity, prioritized=prioritized, alpha=alpha, beta=beta, eps=eps
         )
         self._on_disk = False
+        self._writer: StoreWriter | None = None
 
     @classmethod
     def _wrap(cls, state: ReplayState) -> ReplayBuffer:
         out = cls.__new__(cls)
         out._state = state
         out._on_disk = True
+        out._writer = None  # made by the first add (a read-only store refuses it)
         return out
 
     @classmethod
@@ -140,7 +142,9 @@ class ReplayBuffer:
     def add(self, batch: Any) -> None:
         """Add the rows of ``batch`` (:func:`add`, in place)."""
         if self._on_disk:
-            store_add(self._state, batch)
+            if self._writer is None:
+                self._writer = StoreWriter(self._state)
+            self._writer.add(batch)
         else:
             self._state = add(self._state, batch, donate=True)
 

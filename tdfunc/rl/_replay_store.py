@@ -13,7 +13,8 @@ The commit protocol (one writer at a time: each write holds an exclusive ``flock
 data file, so writers in several processes take turns):
 
 1. ``start`` moves past the rows about to be replaced (one 8-byte write);
-2. the rows are written (:func:`tdfunc.write_at`), then their priorities;
+2. the rows are written (one copy a leaf, two where they wrap round the ring), then their
+   priorities;
 3. ``end`` moves past them (one 8-byte write): the commit.
 
 Rows ``start <= i < end`` are whole at every instant, so a process killed anywhere in an add
@@ -29,16 +30,16 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .._tree import leaves_with_paths
+from .._tree import flatten, is_node, leaves_and_nontensors, leaves_with_paths
 from ..memmap._store import load, save
-from ..memmap._write import check_writable, write_at
+from ..memmap._write import check_writable, read_scalar, write_rows, write_scalar
 from ..tensordict import TensorDict
 from ._replay import (
     ReplayState,
@@ -46,7 +47,6 @@ from ._replay import (
     check_batch,
     check_priorities,
     check_state,
-    plan_add,
     sample,
     spec,
     stored_priority,
@@ -185,17 +185,131 @@ def store_add(store: ReplayState, batch: Any) -> None:
         >>> rl.open_store(path).storage["x"].tolist()
         [0.0, 1.0, 0.0]
     """
-    _check_store(store, "store_add")
-    check_batch(store, batch, "store_add", writable=True)
-    n = int(batch.batch_size[0])
-    p = store.priorities
-    with _writer(store), torch.no_grad():
-        rows, start, end = plan_add(store, n)  # the counters as they are now, locked
-        store.start.copy_(start)
-        write_at(store.storage, rows, batch)
-        if p is not None:
+    StoreWriter(store).add(batch)
+
+
+#: plans a :class:`StoreWriter` keeps (one per structure of batch); more clears them
+_MAX_PLANS = 8
+
+
+def _batch_key(batch: Any) -> tuple[Hashable, list[Tensor]] | None:
+    """The structure key of ``batch`` (its type, keys and nesting, batch size, and each
+    leaf's shape and dtype: everything :func:`check_batch` looks at) and its leaves, in one
+    walk (:func:`tdfunc._tree.flatten`); ``None`` for a batch the full checks alone take
+    (not a container, a leaf that is not a plain tensor)."""
+    if not is_node(batch):
+        return None
+    ls, ctx = flatten(batch)
+    shapes = []
+    for t in ls:
+        if type(t) is not Tensor:
+            return None
+        shapes.append((t.shape, t.dtype))
+    return (type(batch), ctx, batch.batch_size, tuple(shapes)), ls
+
+
+class StoreWriter:
+    """:func:`store_add` for many batches into one store (what :class:`ReplayBuffer` on disk
+    adds with): the store is checked once, when the writer is made, and each structure of
+    batch once.
+
+    The plans (boundary code, never traced) map a batch's structure key
+    (:func:`_batch_key`: type, keys, nesting, batch size, leaf shapes and dtypes) to where
+    each leaf of the storage finds its rows among the batch's leaves, as :func:`check_batch`
+    paired them by key. A batch with the key of a plan passes every check that plan's batch
+    passed (they depend on nothing else: the state is a value, its leaves and their modes
+    fixed); any other batch takes the full checks, which raise before anything is written.
+
+    Raises:
+        PermissionError, TypeError, ValueError: as :func:`store_add`, for the store.
+
+    Example:
+        >>> import os, tempfile, torch, tdfunc
+        >>> from tdfunc import rl
+        >>> path = os.path.join(tempfile.mkdtemp(), "buffer")
+        >>> writer = StoreWriter(rl.create_store(path, tdfunc.TensorDict(x=torch.zeros(())), 3))
+        >>> for first in (0, 2):
+        ...     writer.add(tdfunc.TensorDict(x=torch.arange(first, first + 2.0), batch_size=[2]))
+        >>> rl.open_store(path).storage["x"].tolist()
+        [3.0, 1.0, 2.0]
+    """
+
+    __slots__ = ("_leaves", "_paths", "_plans", "_state")
+
+    def __init__(self, store: ReplayState) -> None:
+        _check_store(store, "store_add")
+        self._state = store
+        pairs = leaves_with_paths(_node(store).storage)
+        self._paths = [p for p, _ in pairs]
+        self._leaves = [t for _, t in pairs]
+        # a storage with non-tensor values takes the full checks every time (they compare
+        # the batch's by value; a key holds them by identity). Without any, a batch holding
+        # one never passes the checks, so no plan is ever made for it.
+        nontensors = leaves_and_nontensors(_node(store).storage)[1]
+        self._plans: dict[Hashable, list[int]] | None = None if nontensors else {}
+
+    def add(self, batch: Any) -> None:
+        """Add the rows of ``batch`` (:func:`store_add`)."""
+        store = self._state
+        plans = self._plans
+        found = None if plans is None else _batch_key(batch)
+        plan = None if found is None or plans is None else plans.get(found[0])
+        if found is not None and plan is not None:
+            ls = found[1]
+            pairs = [(None, leaf, ls[i]) for leaf, i in zip(self._leaves, plan)]
+        else:
+            pairs = check_batch(store, batch, "store_add", writable=True)
+            if found is not None:
+                self._remember(batch, found, pairs)
+        with _writer(store):
+            _write_rows(store, pairs, int(batch.batch_size[0]))
+
+    def _remember(self, batch: Any, found: tuple[Hashable, list[Tensor]], pairs: list[Any]) -> None:
+        """Keep the plan of a batch that passed the checks: the position, among its leaves,
+        of the leaf each storage leaf was paired with, found by key path (one tensor under
+        two keys is not one position)."""
+        key, ls = found
+        paths = leaves_with_paths(batch)
+        if len(paths) != len(ls) or any(t is not u for (_, t), u in zip(paths, ls)):
+            return  # leaves in another order than the key's walk: no plan
+        where = {p: i for i, (p, _) in enumerate(paths)}
+        plan = [where.get(p, -1) for p, _, _ in pairs]
+        if -1 in plan or [p for p, _, _ in pairs] != self._paths:
+            return
+        plans = self._plans
+        assert plans is not None
+        if len(plans) >= _MAX_PLANS:
+            plans.clear()
+        plans[key] = plan
+
+
+def _write_rows(store: ReplayState, pairs: list[Any], n: int) -> None:
+    """The commit protocol of this module for ``n`` checked rows (``pairs``: the storage's
+    leaves and the batch's, from :func:`check_batch`), under the writer's lock. The counters
+    are host integers read from the file; the ``n`` rows at the cursor of the ring are at
+    most two runs of rows, each written with one copy a leaf."""
+    cap = store.capacity
+    start, end = read_scalar(store.start), read_scalar(store.end)
+    new_end = end + n
+    new_start = max(start, new_end - cap)
+    first = end % cap
+    head = min(n, cap - first)  # rows before the end of the ring; the rest go to row 0
+    if new_start != start:
+        write_scalar(store.start, new_start)  # 1. give up the rows about to be replaced
+    with torch.no_grad():
+        for _, leaf, v in pairs:  # 2. the rows
+            if not isinstance(v, Tensor):  # a number: every row
+                v = torch.tensor(v).expand(n, *leaf.shape[1:])
+            if head == n:
+                write_rows(leaf, first, v)
+            else:
+                write_rows(leaf, first, v[:head])
+                write_rows(leaf, 0, v[head:])
+        p = store.priorities
+        if p is not None:  # and their priorities
+            rows = (torch.arange(n, device=p.sum_tree.device) + first) % cap
             tree_set(p, rows, stored_priority(p, p.max_priority).expand(n), inplace=True)
-        store.end.copy_(end)
+    write_scalar(store.end, new_end)  # 3. the commit
 
 
 def store_update_priorities(store: ReplayState, index: Any, priority: Any) -> None:
