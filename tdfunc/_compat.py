@@ -691,6 +691,7 @@ __all__ = [
     "make_wrapper_subclass",
     "maybe_get_bdim",
     "maybe_get_level",
+    "maybe_mark_dynamic",
     "missing",
     "operator_schemas",
     "pad_sequence_op",

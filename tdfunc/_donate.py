@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import time
+import types
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +36,8 @@ from torch import Tensor
 
 from . import _errors as E
 from ._compat import compiled_graphs, is_traceable_wrapper_subclass, pytree, trace_autograd
+from ._jagged import _boundary as boundary
+from ._jagged._boundary import Plan
 from ._jagged._layout import layout_of, under_wrappers
 from ._keys import fmt_key
 from ._tree import KeyPath, Node, is_node, leaves, leaves_with_paths
@@ -320,10 +324,35 @@ def store_outputs(out: Any, donors: list[Tensor]) -> Any:
     return pytree.tree_unflatten(new, spec)
 
 
-def _run_and_store(fn: Callable[..., Any], donate: tuple[int, ...], *args: Any, **kw: Any) -> Any:
-    out = fn(*args, **kw)
-    donors = [t for i in donate for t in leaves(args[i])]
-    return store_outputs(out, donors)
+def _traced_call(name: str, donate: tuple[int, ...], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The function :func:`compile` hands to ``torch.compile``: the arguments as ``fn`` is
+    given them (the jagged leaves that crossed as parts built again,
+    :func:`tdfunc._jagged._boundary.inside`), the call, and the outputs written into the
+    donated leaves.
+
+    A function with a code object of its own (named after ``fn``): Dynamo keeps compiled
+    graphs, and counts recompiles against its limit, per code object, and it compiles a
+    ``functools.partial`` through one shared wrapper; were every compiled function one code
+    object, the ninth compiled in a process would meet torch's recompile limit (8) and run
+    eagerly."""
+
+    def call(plan: Plan, parts: Sequence[Tensor], /, *args: Any, **kw: Any) -> Any:
+        args, kw = boundary.inside(plan, parts, args, kw)
+        out = fn(*args, **kw)
+        if not donate:
+            return out
+        donors = [t for i in donate for t in leaves(args[i])]
+        return store_outputs(out, donors)
+
+    # Dynamo also keys what it learnt about dynamic dims by the code's file, line and name:
+    # one name per function and donation, as one function compiled twice by torch.compile
+    module = getattr(fn, "__module__", None) or ""
+    suffix = f", donate={donate}" if donate else ""
+    code = call.__code__.replace(
+        co_name=re.sub(r"\W+", "_", f"tdfunc_compile_{module}.{name}{suffix}"),
+        co_qualname=f"tdfunc.compile({name}{suffix})",
+    )
+    return types.FunctionType(code, call.__globals__, code.co_name, None, call.__closure__)
 
 
 def _warn_memmap_leaves(args: Sequence[Any], what: str) -> None:
@@ -361,10 +390,17 @@ class CompileLog:
         self.calls = 0
 
     def run(self, compiled: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """``compiled`` (a compiled :func:`_traced_call`) called on ``args`` and
+        ``kwargs`` as they cross the boundary (:mod:`tdfunc._jagged._boundary`); the outputs
+        with the per-sample values that crossed as row ids back as values."""
+        crossing = boundary.enter(args, kwargs)
         before = compiled_graphs()
         t0 = time.perf_counter()
         with trace_autograd():
-            out = compiled(*args, **kwargs)
+            if crossing is None:
+                out = compiled((), (), *args, **kwargs)
+            else:
+                out = compiled(crossing.plan, crossing.parts, *crossing.args, **crossing.kwargs)
         self.calls += 1
         graphs = compiled_graphs() - before
         if graphs:
@@ -377,7 +413,7 @@ class CompileLog:
                 )
             elif sec > SLOW_COMPILE_S:
                 LOG.warning(E.COMPILE_SLOW.format(what=self.what, seconds=sec, graphs=graphs))
-        return out
+        return boundary.leave(out, crossing)
 
 
 class Donating:
@@ -389,8 +425,7 @@ class Donating:
         self.donate = donate
         self.name = getattr(fn, "__qualname__", None) or repr(fn)
         self.calls = 0
-        inner = functools.partial(_run_and_store, fn, donate)
-        self.compiled = torch.compile(inner, **kwargs)
+        self.compiled = torch.compile(_traced_call(self.name, donate, fn), **kwargs)
         self.log = CompileLog(f"tdfunc.compile({self.name})")
         functools.update_wrapper(self, fn)
 
@@ -444,6 +479,17 @@ def compile(  # tdfunc.compile, as torch.compile
     (``torch._dynamo.config.trace_autograd_ops``, put back after the call), so a step that
     takes them with :func:`tdfunc.value_and_grad` is one graph, as with ``torch.func``.
 
+    Variable-length data crosses in a form that compiles once (containers passed as
+    arguments, positionally or by keyword; measurements in the datasets guide, "Compiled
+    steps over variable-length data"): a jagged leaf as its values (ragged dim marked
+    dynamic), offsets and lengths, built again inside, so an epoch of new lengths compiles
+    once and torch's FX graph and AOTAutograd caches keep the compile; a per-sample
+    non-tensor value (text per row) as row ids into a table kept outside the graph, moved by
+    indexing, ``stack``, ``cat`` and ``split`` like a tensor leaf and looked up after the
+    call, so new values never compile again. Reading such a value inside raises
+    ``TypeError`` naming the key (read it outside, or use ``torch.compile``, which
+    specialises on it). A module is compiled by ``torch.compile`` alone, without this boundary.
+
     Never silent about compile time: a call after the first that compiled again (a guard
     failed) and a first call that compiled for more than a minute log a warning on the
     ``tdfunc.compile`` logger saying why, with torch's ``TORCH_LOGS`` setting that shows
@@ -469,6 +515,13 @@ def compile(  # tdfunc.compile, as torch.compile
         Traceback (most recent call last):
         ...
         tdfunc.DonatedError: argument 0 was donated to tdfunc.compile(step) (call 1): its buffers now hold that call's outputs; use the values it returned
+
+        Per-sample text moves with the rows, and new text does not compile again:
+
+        >>> pick = tdfunc.compile(lambda td, i: td[i], backend="eager", fullgraph=True)
+        >>> td = tdfunc.TensorDict(x=torch.ones(3), text=["a", "b", "c"], batch_size=[3])
+        >>> pick(td, torch.tensor([2, 0]))["text"]
+        ('c', 'a')
     """
     if fn is None:
         return functools.partial(compile, donate=donate, **kwargs)
@@ -481,10 +534,10 @@ def compile(  # tdfunc.compile, as torch.compile
     if len(set(idx)) != len(idx):
         raise ValueError(E.DONATE_REPEATED.format(value=idx))
     if not idx:
-        compiled = torch.compile(fn, **kwargs)
         if isinstance(fn, torch.nn.Module) or not callable(fn):
-            return compiled
+            return torch.compile(fn, **kwargs)
         name = getattr(fn, "__qualname__", None) or repr(fn)
+        compiled = torch.compile(_traced_call(name, (), fn), **kwargs)
         log = CompileLog(f"tdfunc.compile({name})")
 
         @functools.wraps(fn)

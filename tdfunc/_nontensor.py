@@ -48,6 +48,17 @@ NONTENSOR_ALONG_BATCH = (
     "tensors; exclude the key first"
 )
 NONTENSOR_IMMUTABLE = "NonTensor is immutable: build a new one"
+PER_SAMPLE_COMPILED = (
+    "key {key}: a per-sample non-tensor value is not readable inside a function compiled with "
+    "tdfunc.compile: it crosses the boundary as row ids (moved by indexing, stack, cat, split "
+    "like a tensor) and comes back as values with the outputs; read it outside the compiled "
+    "function, or compile with plain torch.compile, which specialises on the value (one "
+    "compile per distinct value)"
+)
+PER_SAMPLE_COMPILED_MIX = (
+    "key {key}: {op} joins a per-sample value that crossed tdfunc.compile's boundary (row "
+    "ids) with one made inside the compiled function; pass both in as arguments"
+)
 
 
 class NonTensor:
@@ -116,6 +127,67 @@ class NonTensor:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (self.value, self.shape))
+
+
+class RowIds(NonTensor):
+    """A per-sample value inside a function compiled with ``tdfunc.compile``: its row ids.
+
+    At the boundary each per-sample :class:`NonTensor` of an argument becomes a ``RowIds``
+    whose ``ids`` is an integer tensor of the value's batch shape, numbering its rows in a
+    table kept outside the graph. Every op treats it as the non-tensor leaf it stands for
+    (same keys, same structure, skipped by the leaf walk and by elementwise ops), and the
+    ops that move batch positions move ``ids`` with the op's own per-leaf function, as they
+    move a tensor leaf: traced, with no read of the value, so the graph does not depend on
+    the text. Reading ``value`` (``td[key]``, ``==``, saving) raises ``TypeError`` naming
+    the key; after the call the outputs' row ids are resolved back to the values.
+
+    Example:
+        >>> import torch
+        >>> r = row_ids(torch.arange(3), "'prompt'")
+        >>> r.shape, getitem(r, slice(1, None)).ids.tolist()
+        ((3,), [1, 2])
+        >>> r.value
+        Traceback (most recent call last):
+        ...
+        TypeError: key 'prompt': a per-sample non-tensor value is not readable inside a function compiled with tdfunc.compile: it crosses the boundary as row ids (moved by indexing, stack, cat, split like a tensor) and comes back as values with the outputs; read it outside the compiled function, or compile with plain torch.compile, which specialises on the value (one compile per distinct value)
+    """
+
+    __slots__ = ("ids", "key")
+    ids: Tensor
+    key: str  # the key path where it crossed the boundary, formatted (named in errors)
+
+    @property
+    def value(self) -> Any:
+        """Refused: ``TypeError`` naming the key (the values stay outside the graph)."""
+        raise TypeError(PER_SAMPLE_COMPILED.format(key=self.key))
+
+    @property
+    def shape(self) -> tuple[int, ...] | None:  # type: ignore[override]
+        """The batch shape of the rows (``None`` for one row: a shared value, as
+        :func:`getitem` makes one of a per-sample value indexed by an int)."""
+        return tuple(self.ids.shape) or None
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return f"NonTensor(<row ids of shape {tuple(self.ids.shape)}>, per_sample=True)"
+
+
+def row_ids(ids: Tensor, key: str) -> RowIds:
+    """Trusted: the :class:`RowIds` of ``ids`` for the value that crossed at ``key``."""
+    out = object.__new__(RowIds)
+    object.__setattr__(out, "ids", ids)
+    object.__setattr__(out, "key", key)
+    return out
+
+
+def _rows_over(bs: torch.Size, nt: RowIds) -> Tensor:
+    """The row ids of ``nt`` over ``bs`` (one row repeated for a shared value)."""
+    return nt.ids if nt.shape is not None else nt.ids.expand(bs)
 
 
 def _rebuild(value: Any, shape: tuple[int, ...] | None) -> NonTensor:
@@ -250,6 +322,9 @@ def map_batch(
         if nt.shape is None:
             out.append(nt)
             continue
+        if type(nt) is RowIds:  # row ids move as a tensor leaf: traced, no value read
+            out.append(row_ids(fn(nt.ids), nt.key))
+            continue
         idx = torch.arange(math.prod(nt.shape), device=device).reshape(nt.shape)
         out.append(_gather(flat_values(nt, nt.shape), fn(idx)))
     return out
@@ -272,6 +347,9 @@ def map_batch_multi(
         if nt.shape is None:
             out.append([nt] * len(pieces))
             continue
+        if type(nt) is RowIds:
+            out.append([row_ids(p, nt.key) for p in fn(nt.ids)])
+            continue
         flat = flat_values(nt, bs)
         out.append([_gather(flat, p) for p in pieces])
     return out
@@ -292,9 +370,17 @@ def combine(
     ``dim``; ``columns[i]`` holds the leaves of node ``i``. ``cat`` keeps equal shared values
     one shared value (``stack`` makes them per sample, as tensordict). Along the first dim
     the values are joined in Python (no tensor)."""
-    out = []
+    out: list[NonTensor] = []
     for col in zip(*columns):
         first = col[0][1]
+        rows = [(bs, nt) for bs, nt in col if type(nt) is RowIds]
+        if rows:  # row ids join as tensors do (traced, no value read)
+            key = rows[0][1].key
+            if len(rows) < len(col):
+                op = "stack" if is_stack else "cat"
+                raise TypeError(PER_SAMPLE_COMPILED_MIX.format(key=key, op=op))
+            out.append(row_ids(fn([_rows_over(bs, nt) for bs, nt in rows]), key))
+            continue
         if not is_stack and first.shape is None and all(nt == first for _, nt in col[1:]):
             out.append(first)
             continue
@@ -321,6 +407,8 @@ def getitem(nt: NonTensor, key: int | slice) -> NonTensor:
     compiles without a graph break)."""
     if nt.shape is None:
         return nt
+    if type(nt) is RowIds:
+        return row_ids(nt.ids[key], nt.key)
     v = nt.value[key]
     if isinstance(key, slice):
         return _new(v, (len(v), *nt.shape[1:]))

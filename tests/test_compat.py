@@ -624,3 +624,18 @@ def test_recompute_collectives_patches_the_partitioner_config_while_active():
         config.unsafe_allow_optimization_of_collectives,
         config.activation_memory_budget,
     ) == before
+
+
+def test_maybe_mark_dynamic_compiles_one_graph_across_sizes():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    cnt = CompileCounterWithBackend("eager")
+    f = torch.compile(lambda t: t * 2, backend=cnt, fullgraph=True)
+    for n in (3, 5, 7):
+        t = torch.ones(n)
+        C.maybe_mark_dynamic(t, 0)
+        assert torch.equal(f(t), t * 2)
+    assert cnt.frame_count == 1  # symbolic from the first call
+    t = torch.ones(1)
+    C.maybe_mark_dynamic(t, 0)  # a size torch specialises: no error, one compile more
+    assert torch.equal(f(t), t * 2)
