@@ -84,6 +84,7 @@ fuzz: $(STAMP)
 	TDFUNC_FUZZ_EXAMPLES=$${TDFUNC_FUZZ_TABLE_EXAMPLES:-300} $(PY) -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/test_fuzz_table.py -k random_program
 	TDFUNC_SAFETENSORS_FUZZ_EXAMPLES=$${TDFUNC_SAFETENSORS_FUZZ_EXAMPLES:-10000} $(PY) -m pytest -q -p no:cacheprovider tests/test_safetensors_fuzz.py
 	TDFUNC_FOREACH_ALL=1 $(THREADS) $(PY) -m pytest -q -p no:cacheprovider -n 2 tests/test_nn_foreach.py
+	TDFUNC_JAGGED_ALL=1 $(THREADS) $(PY) -m pytest -q -p no:cacheprovider -n 2 tests/test_jagged_transforms.py
 
 demo: $(STAMP)
 	@set -e; for f in examples/*.py; do echo "== $$f"; $(THREADS) $(PY) $$f; done

@@ -69,13 +69,13 @@ def oracle(
 
 
 OPTIONS = [
-    dict(length=None, multiple=None, max_length=None),
-    dict(length=12, multiple=None, max_length=None),
-    dict(length=None, multiple=4, max_length=None),
-    dict(length=None, multiple=None, max_length=4),
-    dict(length=6, multiple=None, max_length=6),
-    dict(length=5, multiple=4, max_length=4),
-    dict(length=None, multiple=8, max_length=3),
+    {"length": None, "multiple": None, "max_length": None},
+    {"length": 12, "multiple": None, "max_length": None},
+    {"length": None, "multiple": 4, "max_length": None},
+    {"length": None, "multiple": None, "max_length": 4},
+    {"length": 6, "multiple": None, "max_length": 6},
+    {"length": 5, "multiple": 4, "max_length": 4},
+    {"length": None, "multiple": 8, "max_length": 3},
 ]
 
 
@@ -139,27 +139,27 @@ def test_rows_made_by_narrow_keep_their_own_starts() -> None:
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        (dict(length=0), B.PAD_POSITIVE.format(fn="to_padded", name="length", got=0)),
-        (dict(length=-3), B.PAD_POSITIVE.format(fn="to_padded", name="length", got=-3)),
-        (dict(length=2.5), B.PAD_POSITIVE.format(fn="to_padded", name="length", got=2.5)),
-        (dict(length=True), B.PAD_POSITIVE.format(fn="to_padded", name="length", got=True)),
+        ({"length": 0}, B.PAD_POSITIVE.format(fn="to_padded", name="length", got=0)),
+        ({"length": -3}, B.PAD_POSITIVE.format(fn="to_padded", name="length", got=-3)),
+        ({"length": 2.5}, B.PAD_POSITIVE.format(fn="to_padded", name="length", got=2.5)),
+        ({"length": True}, B.PAD_POSITIVE.format(fn="to_padded", name="length", got=True)),
         (
-            dict(pad_to_multiple_of=0),
+            {"pad_to_multiple_of": 0},
             B.PAD_POSITIVE.format(fn="to_padded", name="pad_to_multiple_of", got=0),
         ),
-        (dict(max_length=0), B.PAD_POSITIVE.format(fn="to_padded", name="max_length", got=0)),
+        ({"max_length": 0}, B.PAD_POSITIVE.format(fn="to_padded", name="max_length", got=0)),
         (
-            dict(padding_side="middle"),
+            {"padding_side": "middle"},
             B.PAD_SIDE.format(fn="to_padded", name="padding_side", got="middle"),
         ),
         (
-            dict(truncation_side="start"),
+            {"truncation_side": "start"},
             B.PAD_SIDE.format(fn="to_padded", name="truncation_side", got="start"),
         ),
     ],
 )
 def test_bad_options_are_refused(kw: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
         tdfunc.to_padded(batch_of(), **kw)
     assert str(e.value) == message
 
@@ -174,7 +174,7 @@ def test_a_row_longer_than_length_is_refused_naming_the_key(compiled: bool) -> N
         return tdfunc.to_padded(td.exclude("feat"), 0, length=8)
 
     fn = torch.compile(pad, backend="eager", fullgraph=True) if compiled else pad
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
         fn(batch_of())
     assert type(e.value) is ValueError
     assert str(e.value) == message
@@ -191,13 +191,13 @@ def test_collate_options_need_pad_and_mask_key_stays_checked() -> None:
         ("padding_side", "left"),
         ("pad_to_multiple_of", 8),
     ):
-        with pytest.raises(ValueError) as e:
+        with pytest.raises(ValueError, match=re.escape(B.PAD_NEEDS_PAD.format(name=name))) as e:
             tdfunc.collate_jagged(data, **{name: v})
         assert str(e.value) == B.PAD_NEEDS_PAD.format(name=name)
     with pytest.raises(KeyError, match=re.escape(B.MASK_KEY_TAKEN.format(key="'tok'"))):
         tdfunc.collate_jagged(data, pad=True, mask_key="tok", keys=["tok"], length=4)
     for name in ("length", "pad_to_multiple_of"):
-        with pytest.raises(ValueError) as e:
+        with pytest.raises(ValueError, match=re.escape(B.PAD_NEEDS_KEYS.format(name=name))) as e:
             tdfunc.collate_jagged(data, pad=True, **{name: 4})
         assert str(e.value) == B.PAD_NEEDS_KEYS.format(name=name)
     out = tdfunc.collate_jagged(
@@ -336,6 +336,6 @@ def test_sampler_without_shuffle_and_with_drop_last() -> None:
 def test_sampler_refuses_bad_input(
     args: tuple[Any, ...], kwargs: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
         tdfunc.LengthGroupedSampler(*args, **kwargs)
     assert str(e.value) == message
