@@ -283,3 +283,43 @@ def test_writers_in_two_processes_take_turns(tmp_path: Path) -> None:
     for tag in (1, 2):  # each writer's rows in its own order, 7 at a time
         mine = ids[(ids // 100000) == tag] % 100000
         assert mine.tolist() == list(range(7 * adds))
+
+
+def test_a_saved_replay_state_loads_after_import_tdfunc_alone(tmp_path: Path) -> None:
+    """``import tdfunc`` does not import ``tdfunc.rl``; ``load`` imports it (and only
+    tdfunc's own modules) when the file holds one of its types."""
+    code1 = (
+        "import torch, tdfunc, tdfunc.rl as rl\n"
+        "st = rl.init(tdfunc.TensorDict(x=torch.zeros(3)), 8)\n"
+        f"tdfunc.save(rl.add(st, tdfunc.TensorDict(x=torch.ones(2, 3), batch_size=[2])), {str(tmp_path / 'buf')!r})\n"
+    )
+    code2 = (
+        "import sys, tdfunc\n"
+        "assert 'tdfunc.rl' not in sys.modules\n"
+        f"st = tdfunc.load({str(tmp_path / 'buf')!r})\n"
+        "print(type(st).__name__, st.storage['x'][:2].sum().item())\n"
+    )
+    for code in (code1, code2):
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ReplayState", "6.0"]
+
+
+def test_every_container_type_of_tdfunc_is_found_by_load() -> None:
+    """Each serialized type name tdfunc registers lives in ``tdfunc`` itself (imported with
+    it) or in a module ``load`` imports on demand."""
+    from torch.utils import _pytree as pytree
+
+    import tdfunc.distributed
+    import tdfunc.nn
+    import tdfunc.optim
+    import tdfunc.rl  # noqa: F401
+    from tdfunc.memmap._store import OWN_MODULES
+
+    names = [n for n in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE if n.startswith("tdfunc.")]
+    assert names
+    for name in names:
+        module = name.rpartition(".")[0]
+        assert module == "tdfunc" or module in OWN_MODULES, name

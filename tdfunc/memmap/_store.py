@@ -51,6 +51,7 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -108,6 +109,10 @@ OPEN_ATTEMPTS = 50
 #: how often an overwriting save retries when other writers keep replacing the target
 COMMIT_ATTEMPTS = 50
 #: deepest nesting a manifest may describe
+#: tdfunc's modules that define container types of their own, imported by :func:`load` when
+#: a file holds one of their types (``import tdfunc`` does not import them)
+OWN_MODULES = frozenset({"tdfunc.rl"})
+
 MAX_DEPTH = 256
 #: most dims of a tensor or batch size
 MAX_NDIM = 64
@@ -702,6 +707,12 @@ class _Reader:
             raise self.corrupt(f"nesting deeper than {MAX_DEPTH} levels at {_where(path[:8])}...")
         name = self.field(entry, "type", str, path)
         cls = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name)
+        if cls is None and name.rpartition(".")[0] in OWN_MODULES:
+            # a container type of tdfunc's own (a replay buffer's state): its module is
+            # imported here, as `import tdfunc` does not import it; only the modules named in
+            # OWN_MODULES, never one a file names
+            importlib.import_module(name.rpartition(".")[0])
+            cls = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name)
         if not (isinstance(cls, type) and issubclass(cls, Node)):
             raise E.MemmapFormatError(
                 E.UNKNOWN_TYPE.format(manifest=self.manifest, name=name, where=_where(path))
