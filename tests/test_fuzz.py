@@ -167,9 +167,14 @@ def test_operands_in_another_key_order_pass_every_check():
 
 
 def test_the_generator_draws_operands_in_another_key_order():
-    from hypothesis import find
+    from hypothesis import find, settings
 
-    prog = find(programs(), lambda p: any(".select(*reversed(x.keys()))" in s.src for s in p.steps))
+    # derandomized: the same search every run (a random one missed now and then)
+    prog = find(
+        programs(),
+        lambda p: any(".select(*reversed(x.keys()))" in s.src for s in p.steps),
+        settings=settings(database=None, derandomize=True, max_examples=5000),
+    )
     check_eager(prog)
     check_compiled(prog)
 
