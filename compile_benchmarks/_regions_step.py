@@ -1,7 +1,8 @@
 """One training step (AdamW) of a model of identical blocks, run in a fresh process by
 ``test_bench_compile_regions.py``: ``python -m compile_benchmarks._regions_step KIND MODEL``
 (``MODEL``: a number N of residual blocks LayerNorm -> Linear 64->256 -> GELU -> Linear
-256->64 on a batch of 32, or ``gpt2``: the 2-layer GPT-2 of ``test_bench_optim``) prints the
+256->64 on a batch of 32, ``gpt2``: the 2-layer GPT-2 of ``test_bench_optim``, or ``gpt2-N``:
+a GPT-2 of N layers, 128 wide, on 16 sequences of 55 tokens) prints the
 first call's wall and CPU time, the median step time, Dynamo's graph count and the guards
 of each compiled frame (``guards``: Dynamo checks a frame's guards on every call of it, so a
 step of compiled blocks checks the block frame's once per block) as one JSON line.
@@ -66,15 +67,19 @@ def _children_cpu() -> float:
 
 def main(kind: str, which: str) -> dict[str, Any]:
     torch.set_num_threads(1)
-    if which == "gpt2":
+    if which == "gpt2" or which.startswith("gpt2-"):
         from transformers.models.gpt2 import modeling_gpt2
 
         from compile_benchmarks.test_bench_optim import gpt2, lm_loss
 
         block_cls: type[nn.Module] = modeling_gpt2.GPT2Block
-        model = gpt2()
+        if which == "gpt2":
+            model = gpt2()
+            x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+        else:  # gpt2-N: N layers, 128 wide, a batch of 16 x 55 tokens
+            model = gpt2(n_layer=int(which[5:]), n_embd=128, n_head=4, vocab=256, positions=64)
+            x = torch.randint(0, 256, (16, 55), generator=torch.Generator().manual_seed(0))
         blocks = list(model.transformer.h)
-        x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
         y = x
 
         def run(call: Any, m: Any, p: Any, x: torch.Tensor) -> torch.Tensor:

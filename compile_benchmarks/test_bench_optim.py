@@ -77,15 +77,17 @@ def plan(bench_quick: bool) -> tuple[int, int, Callable[..., Any]]:
 
 
 # ----------------------------------------------------------------------------- models
-def gpt2() -> nn.Module:
+def gpt2(
+    n_layer: int = 2, n_embd: int = 32, n_head: int = 2, vocab: int = 64, positions: int = 16
+) -> nn.Module:
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
     cfg = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=2,
-        vocab_size=64,
-        n_positions=16,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        vocab_size=vocab,
+        n_positions=positions,
         bos_token_id=0,
         eos_token_id=0,
         tie_word_embeddings=False,
