@@ -21,8 +21,9 @@ from torch import Tensor
 from .. import _ops as ops
 from .._keys import as_path, fmt_key, get_path
 from .._nontensor import NonTensor
+from .._raising import refuse_if
 from .._tree import is_node, leaves_and_nontensors, leaves_with_paths, map_leaves
-from ._layout import JaggedOpError, is_jagged, usable
+from ._layout import JaggedOpError, is_jagged, row_spans, usable
 
 AS_JAGGED_EMPTY = "as_jagged needs at least one container"
 AS_JAGGED_BATCH = (
@@ -247,12 +248,9 @@ def to_padded(
 
 
 def _mask(x: Any, width: int) -> Tensor:
-    """``True`` at the data of each row of jagged tensor ``x`` (not under transform
-    wrappers: :func:`tdfunc._jagged._layout.jagged_base`), ``(rows, width)``."""
-    off = x.offsets()
-    lengths = x.lengths()
-    lens = off[1:] - off[:-1] if lengths is None else lengths
-    return torch.arange(width, device=off.device) < lens.unsqueeze(1)
+    """``True`` at the data of each row of jagged tensor ``x``, ``(rows, width)``."""
+    lens = row_spans(x)[1]
+    return torch.arange(width, device=lens.device) < lens.unsqueeze(1)
 
 
 def _fit(
@@ -273,22 +271,18 @@ def _fit(
     value read back: one compiled graph per output width, none per input length when
     ``length`` is given); with holes (rows made by ``torch.nested.narrow``, which
     ``to_padded_tensor`` refuses) from its values, the longest row read back."""
-    from .._raising import refuse_if
-
-    off = base.offsets()
-    lengths = base.lengths()
-    holes = lengths is not None
-    lens = off[1:] - off[:-1] if lengths is None else lengths
+    spans, lens = row_spans(base)
+    holes = base.lengths() is not None
     rows = lens.shape[0]
     if holes:
         source = x.values()
         longest = int(lens.max()) if rows else 0
-        starts = off[:-1].unsqueeze(1)
+        starts = spans.unsqueeze(1)
         along = 0
     else:
         source = x.to_padded_tensor(value)
         longest = source.shape[1]
-        starts = torch.zeros_like(off[:-1]).unsqueeze(1)
+        starts = torch.zeros_like(spans).unsqueeze(1)
         along = 1
     kept = lens if max_length is None else lens.clamp(max=max_length)
     widest = longest if max_length is None else torch.sym_min(longest, max_length)

@@ -276,8 +276,15 @@ def refuse(node: Node, op: str, detail: str = "", ls: Sequence[Tensor] | None = 
         raise error(node, i, op, detail)
 
 
-def _lengths(x: Any) -> tuple[Tensor, Tensor]:
-    """The start and the length of every row of a jagged tensor (read under its wrappers)."""
+def row_spans(x: Any) -> tuple[Tensor, Tensor]:
+    """The start and the length of every row of a jagged tensor (read under its wrappers).
+
+    Example:
+        >>> import torch
+        >>> nt = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+        >>> [t.tolist() for t in row_spans(nt)]
+        [[0, 2], [2, 3]]
+    """
     b = jagged_base(x)
     off = b.offsets()
     lengths = b.lengths()
@@ -295,7 +302,7 @@ def take_rows(x: Any, rows: Tensor) -> Tensor:
         >>> [r.tolist() for r in take_rows(nt, torch.tensor([1, 0, 1])).unbind()]
         [[0.0, 1.0, 2.0], [0.0, 1.0], [0.0, 1.0, 2.0]]
     """
-    starts, lens = _lengths(x)
+    starts, lens = row_spans(x)
     rows = rows.to(starts.device)
     starts, lens = starts[rows], lens[rows]
     offsets = torch.cat([lens.new_zeros(1), lens.cumsum(0)])
@@ -379,7 +386,7 @@ def align(m: Tensor, lead: int, leaf: Any, node: Any = None, i: int = 0) -> Tens
             "first (tdfunc.as_jagged, or index it with its rows)"
         )
     v = base.values()
-    _, lens = _lengths(base)
+    _, lens = row_spans(base)
     rows = m.repeat_interleave(lens.to(m.device), dim=0, output_size=v.shape[0])
     rows = rows.reshape(rows.shape + (1,) * (v.ndim - rows.ndim)).expand(v.shape)
     return torch.nested.nested_tensor_from_jagged(rows, base.offsets())
